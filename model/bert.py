@@ -1,0 +1,326 @@
+"""The original BERT network (Devlin et al. 2018), post-LayerNorm, in plain PyTorch.
+
+Module and parameter names copy the Hugging Face `BertForPreTraining` layout
+(`bert.encoder.layer.0.attention.self.query.weight`, `cls.predictions.transform.dense.weight`, ...)
+so that a state dict moves between the two implementations with no renaming.
+
+Shapes in comments: B batch, T sequence length, H hidden size, nh heads, hd head size, V vocabulary,
+N selected positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import BertConfig
+
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        positions = torch.arange(seq_len, device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)  # broadcast over B
+        return self.dropout(self.LayerNorm(x))  # (B, T, H)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_prob = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        batch, seq_len, hidden = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        # SDPA picks flash / memory-efficient kernels where the device has them. attn_mask is a
+        # boolean (B, 1, 1, T) key mask, or None when nothing is padded (which unlocks flash).
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_prob if self.training else 0.0
+        )
+        return out.transpose(1, 2).reshape(batch, seq_len, hidden)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(attended)) + residual)  # post-LN
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, attn_mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = _ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, expanded: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(expanded)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        attended = self.attention(x, attn_mask)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, attn_mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H) from [CLS]
+
+
+def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 1/0 mask -> boolean (B, 1, 1, T) for SDPA, or None when there is no padding."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask.bool()
+    if bool(mask.all()):
+        return None
+    return mask[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """Embeddings + encoder (+ pooler). Returns the last hidden state and the pooled [CLS] vector."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        hidden = self.encoder(self.embeddings(input_ids, token_type_ids), key_padding_mask(attention_mask))
+        pooled = self.pooler(hidden) if self.pooler is not None else None
+        return hidden, pooled  # (B, T, H), (B, H) | None
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = _ACTIVATIONS[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings, plus its own bias."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias  # same tensor under both names, as in transformers
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))  # (..., V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    """The `cls` module. Either head may be absent (a checkpoint for BertModel or BertForMaskedLM)."""
+
+    def __init__(self, config: BertConfig, with_mlm: bool = True, with_nsp: bool = True):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config) if with_mlm else None
+        self.seq_relationship = nn.Linear(config.hidden_size, 2) if with_nsp else None
+
+
+@dataclass
+class PreTrainingOutput:
+    last_hidden_state: torch.Tensor  # (B, T, H)
+    pooled_output: torch.Tensor | None  # (B, H)
+    mlm_logits: torch.Tensor | None  # (B, T, V), or (N, V) when positions were selected
+    nsp_logits: torch.Tensor | None  # (B, 2); index 0 = "B follows A"
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with its pre-training heads; any of pooler, MLM head and NSP head may be left out."""
+
+    def __init__(
+        self,
+        config: BertConfig,
+        with_pooler: bool = True,
+        with_mlm: bool = True,
+        with_nsp: bool = True,
+    ):
+        super().__init__()
+        if with_nsp and not with_pooler:
+            raise ValueError("the next-sentence head needs the pooler")
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=with_pooler)
+        self.cls = BertPreTrainingHeads(config, with_mlm=with_mlm, with_nsp=with_nsp)
+        self.apply(self._init_weights)
+        self.tie_weights()
+
+    # ---- capabilities --------------------------------------------------------------------------
+
+    @property
+    def has_mlm_head(self) -> bool:
+        return self.cls.predictions is not None
+
+    @property
+    def has_nsp_head(self) -> bool:
+        return self.cls.seq_relationship is not None
+
+    def tie_weights(self) -> None:
+        if self.cls.predictions is not None:
+            self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # Same scheme as the reference implementation: N(0, initializer_range), zero biases.
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, BertLMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    # ---- forward -------------------------------------------------------------------------------
+
+    def mlm_logits(self, sequence_output: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Vocabulary logits, at every position or only where the boolean (B, T) `positions` is set.
+
+        The vocabulary projection is the largest matmul of a small BERT; selecting the ~15% of
+        positions that are masked skips most of it.
+        """
+        if self.cls.predictions is None:
+            raise RuntimeError("this checkpoint has no masked-LM head")
+        if positions is not None:
+            sequence_output = sequence_output[positions]  # (N, H), row-major order
+        return self.cls.predictions(sequence_output)
+
+    def nsp_logits(self, pooled_output: torch.Tensor) -> torch.Tensor:
+        if self.cls.seq_relationship is None:
+            raise RuntimeError("this checkpoint has no next-sentence head")
+        return self.cls.seq_relationship(pooled_output)  # (B, 2)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        mlm = self.mlm_logits(hidden, mlm_positions) if self.has_mlm_head else None
+        nsp = self.nsp_logits(pooled) if self.has_nsp_head else None
+        return PreTrainingOutput(hidden, pooled, mlm, nsp)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        seen: set[int] = set()
+        total = 0
+        for name, param in self.named_parameters():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            if exclude_embeddings and "embeddings" in name:
+                continue
+            total += param.numel()
+        return total
+
+
+def model_flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float = 1.0) -> float:
+    """Forward FLOPs per token (multiply-add = 2): dense layers, attention scores, MLM head."""
+    h, L, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    dense = L * (4 * h * h + 2 * h * ffn) * 2
+    attention = L * 2 * seq_len * h * 2  # QK^T and AV
+    head = (h * h + h * config.vocab_size) * 2 * mlm_fraction
+    return float(dense + attention + head)
+
+
+__all__ = ["BertForPreTraining", "BertModel", "PreTrainingOutput", "key_padding_mask", "model_flops_per_token"]

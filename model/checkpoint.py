@@ -1,0 +1,289 @@
+"""Checkpoint directories that Hugging Face tools open as-is, written atomically, read from safetensors only.
+
+A checkpoint directory holds:
+  config.json               BertConfig fields + "architectures"/"model_type" (transformers reads it)
+  model.safetensors         weights, Hugging Face parameter names, tied tensors stored once
+  vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json
+  training_metadata.json    ours: provenance and eval metrics (optional)
+Other files (the trainer's resume state) may sit beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from model.bert import BertForPreTraining
+from model.config import BertConfig, ConfigError
+from model.tokenizer import TokenizerError, WordPieceTokenizer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+METADATA_FILE = "training_metadata.json"
+PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "tf_model.h5", "model.ckpt.index", "flax_model.msgpack")
+
+# Tensors stored twice in memory but once on disk (they are tied), as transformers does.
+TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# Old buffers some checkpoints still carry; they are derived, not learned.
+IGNORED_KEYS = ("bert.embeddings.position_ids",)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory cannot be used; the message names the directory or file and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    directory: Path
+    config: BertConfig
+    model: BertForPreTraining
+    tokenizer: WordPieceTokenizer
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- names ---------------------------------------------------------------------------------------
+
+
+def canonical_name(name: str) -> str:
+    """Map a tensor name from any BERT checkpoint layout onto ours.
+
+    The single rename table: a bare `BertModel` stores names without the `bert.` prefix, and
+    checkpoints converted from the original TensorFlow release call LayerNorm's parameters
+    gamma/beta.
+    """
+    if name.startswith(("embeddings.", "encoder.", "pooler.")):
+        name = "bert." + name
+    if name.endswith(".gamma"):
+        name = name[: -len(".gamma")] + ".weight"
+    elif name.endswith(".beta"):
+        name = name[: -len(".beta")] + ".bias"
+    return name
+
+
+# ---- saving --------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: BertForPreTraining,
+    tokenizer: WordPieceTokenizer,
+    metadata: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+    write_extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write a checkpoint directory atomically: everything goes to a hidden temporary directory
+    beside the target, is flushed to disk, and only then renamed to `directory`. A crash at any
+    point leaves either the previous complete checkpoint or none under that name, never half of one.
+
+    `write_extra(tmp_dir)` may add files (the trainer's resume state) before the rename.
+    """
+    final = Path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        model.config.save(tmp / CONFIG_FILE)
+        save_file(_weights_to_save(model, dtype), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        tokenizer.save(tmp)
+        if metadata is not None:
+            (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str) + "\n")
+        if write_extra is not None:
+            write_extra(tmp)
+        _fsync_tree(tmp)
+        _replace_directory(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _weights_to_save(model: BertForPreTraining, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name in TIED_KEYS:
+            continue
+        tensor = tensor.detach()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        out[name] = tensor.contiguous().cpu()
+    return out
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_directory(tmp: Path, final: Path) -> None:
+    if not final.exists():
+        os.rename(tmp, final)
+    else:
+        # rename(2) cannot replace a non-empty directory; move the old one aside first. If we die
+        # between the two renames the old checkpoint survives under the `.old-` name.
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- loading -------------------------------------------------------------------------------------
+
+
+def load_config(directory: Path) -> BertConfig:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no {CONFIG_FILE} (files found: {_listing(directory)})")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return BertConfig.from_dict(values)
+    except (ConfigError, TypeError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+
+
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint under canonical names, from safetensors only."""
+    index = directory / WEIGHTS_INDEX_FILE
+    if (directory / WEIGHTS_FILE).is_file():
+        files = [directory / WEIGHTS_FILE]
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted({directory / str(name) for name in weight_map.values()})
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({exc})") from None
+    else:
+        pickled = [name for name in PICKLE_WEIGHT_FILES if (directory / name).exists()]
+        hint = (
+            f"; found {pickled}, which this server never loads (pickle can run code): "
+            "convert it with transformers' save_pretrained(safe_serialization=True)"
+            if pickled
+            else ""
+        )
+        raise CheckpointError(f"{directory}: no {WEIGHTS_FILE}{hint} (files found: {_listing(directory)})")
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        if not path.is_file():
+            raise CheckpointError(f"{path}: listed in {WEIGHTS_INDEX_FILE} but missing")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    tensors[canonical_name(name)] = handle.get_tensor(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{path}: truncated or not a safetensors file ({exc})") from None
+    return tensors
+
+
+def load_checkpoint(
+    directory: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> Checkpoint:
+    """Open a checkpoint written by us or by `transformers` for BertForPreTraining, BertForMaskedLM
+    or BertModel. Heads the checkpoint does not have are left out of the model, not invented."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
+    config = load_config(directory)
+    tensors = read_weights(directory)
+    for name in IGNORED_KEYS:
+        tensors.pop(name, None)
+    # The decoder is tied to the word embeddings; an old checkpoint may store its bias only there.
+    if "cls.predictions.decoder.bias" in tensors:
+        tensors.setdefault("cls.predictions.bias", tensors["cls.predictions.decoder.bias"])
+    for name in TIED_KEYS:
+        tensors.pop(name, None)
+
+    weights_path = directory / WEIGHTS_FILE
+    model = BertForPreTraining(
+        config,
+        with_pooler="bert.pooler.dense.weight" in tensors,
+        with_mlm=any(name.startswith("cls.predictions.") for name in tensors),
+        with_nsp="cls.seq_relationship.weight" in tensors and "bert.pooler.dense.weight" in tensors,
+    )
+    expected = {name: p for name, p in model.state_dict().items() if name not in TIED_KEYS}
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing:
+        raise CheckpointError(f"{weights_path}: missing tensors {_short(missing)}")
+    if unexpected:
+        raise CheckpointError(f"{weights_path}: tensors this BERT does not have {_short(unexpected)}")
+    for name, param in expected.items():
+        tensor = tensors[name]
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise CheckpointError(
+                f"{weights_path}: tensor {name} has shape {list(tensor.shape)} but {CONFIG_FILE} "
+                f"implies {list(param.shape)}"
+            )
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{weights_path}: tensor {name} has dtype {tensor.dtype}; expected a float type")
+        if not torch.isfinite(tensor).all():
+            raise CheckpointError(f"{weights_path}: tensor {name} holds NaN or infinite values")
+    model.load_state_dict({n: t.float() for n, t in tensors.items()}, strict=False)
+    model.tie_weights()
+    model.to(device=device, dtype=dtype or torch.float32)
+    model.eval()
+
+    try:
+        tokenizer = WordPieceTokenizer.load(directory, max_length_cap=config.max_position_embeddings)
+    except TokenizerError as exc:
+        raise CheckpointError(str(exc)) from None
+    if tokenizer.vocab_size > config.vocab_size:
+        raise CheckpointError(
+            f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but {CONFIG_FILE} "
+            f"says vocab_size {config.vocab_size}"
+        )
+    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory))
+
+
+def read_metadata(directory: Path) -> dict[str, Any]:
+    path = directory / METADATA_FILE
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return value
+
+
+def _listing(directory: Path) -> str:
+    try:
+        names = sorted(p.name for p in directory.iterdir())
+    except OSError:
+        return "unreadable"
+    return ", ".join(names[:20]) or "none"
+
+
+def _short(names: list[str], limit: int = 6) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return str(names[:limit]) + more

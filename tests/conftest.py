@@ -1,0 +1,55 @@
+"""Shared fixtures: a small tokenizer trained on real text, tiny random checkpoints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WIKITEXT_DIR = Path(os.environ.get("BERT_WIKITEXT_DIR", REPO_ROOT.parent / "shared" / "data" / "wikitext-2"))
+
+
+def wikitext_lines(split: str = "valid", limit: int | None = None) -> list[str]:
+    path = WIKITEXT_DIR / f"wiki.{split}.tokens"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: tests read WikiText-2 from ../shared/data (or BERT_WIKITEXT_DIR)")
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    lines = [line for line in lines if line and not line.startswith("=")]
+    return lines[:limit] if limit else lines
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> WordPieceTokenizer:
+    return WordPieceTokenizer.train(wikitext_lines("valid", limit=1500), vocab_size=2000)
+
+
+def tiny_config(vocab_size: int, **overrides) -> BertConfig:
+    values = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128,
+    )
+    values.update(overrides)
+    return BertConfig(**values)
+
+
+def random_model(vocab_size: int, seed: int = 0, **overrides) -> BertForPreTraining:
+    torch.manual_seed(seed)
+    model = BertForPreTraining(tiny_config(vocab_size, **overrides))
+    # Non-trivial biases and LayerNorm parameters, so that a wrong wiring cannot hide behind zeros/ones.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "bias" in name or "LayerNorm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tokenizer) -> Path:
+    directory = tmp_path_factory.mktemp("ckpt") / "tiny"
+    save_checkpoint(directory, random_model(tokenizer.vocab_size), tokenizer, metadata={"note": "random weights"})
+    return directory

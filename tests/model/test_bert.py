@@ -1,0 +1,120 @@
+"""The network against `transformers.BertForPreTraining` with the same weights, and padding invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from model import BertConfig, BertForPreTraining, ConfigError, PRESETS
+from tests.conftest import random_model
+
+VOCAB = 300
+
+
+def reference_model(ours: BertForPreTraining) -> transformers.BertForPreTraining:
+    hf_config = transformers.BertConfig(**{k: v for k, v in ours.config.to_dict().items() if k != "architectures"})
+    reference = transformers.BertForPreTraining(hf_config).eval()
+    # The same state dict goes both ways with no renaming.
+    missing, unexpected = reference.load_state_dict(ours.state_dict(), strict=False)
+    assert not unexpected and not [m for m in missing if "position_ids" not in m]
+    return reference
+
+
+def batch(pairs: bool, padded: bool, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (3, 17), generator=g)
+    types = torch.zeros_like(ids)
+    if pairs:
+        types[:, 9:] = 1
+    mask = torch.ones_like(ids)
+    if padded:
+        for row, length in enumerate((17, 11, 6)):
+            mask[row, length:] = 0
+            ids[row, length:] = 0
+            types[row, length:] = 0
+    return ids, types, mask
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_matches_transformers(pairs: bool, padded: bool):
+    ours = random_model(VOCAB)
+    reference = reference_model(ours)
+    ids, types, mask = batch(pairs, padded)
+    with torch.no_grad():
+        got = ours(ids, types, mask)
+        want = reference(input_ids=ids, token_type_ids=types, attention_mask=mask)
+        want_hidden = reference.bert(input_ids=ids, token_type_ids=types, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    # Padding positions are garbage in both implementations; compare the real tokens only.
+    assert (got.last_hidden_state[real] - want_hidden[real]).abs().max() <= 1e-5
+    assert (got.mlm_logits[real] - want.prediction_logits[real]).abs().max() <= 1e-5
+    assert (got.nsp_logits - want.seq_relationship_logits).abs().max() <= 1e-5
+
+
+def test_selected_positions_equal_full_logits():
+    model = random_model(VOCAB)
+    ids, types, mask = batch(pairs=True, padded=True)
+    positions = torch.zeros_like(ids, dtype=torch.bool)
+    positions[0, 3] = positions[1, 7] = positions[2, 1] = True
+    with torch.no_grad():
+        full = model(ids, types, mask).mlm_logits
+        selected = model(ids, types, mask, mlm_positions=positions).mlm_logits
+    assert selected.shape == (3, VOCAB)
+    torch.testing.assert_close(selected, full[positions], rtol=0, atol=1e-6)
+
+
+def test_padding_invariance():
+    model = random_model(VOCAB)
+    ids, types, mask = batch(pairs=True, padded=True)
+    with torch.no_grad():
+        batched = model(ids, types, mask)
+        for row in range(3):
+            length = int(mask[row].sum())
+            alone = model(ids[row : row + 1, :length], types[row : row + 1, :length])
+            torch.testing.assert_close(alone.last_hidden_state[0], batched.last_hidden_state[row, :length], rtol=0, atol=1e-5)
+            torch.testing.assert_close(alone.nsp_logits[0], batched.nsp_logits[row], rtol=0, atol=1e-5)
+
+
+def test_decoder_is_tied_to_word_embeddings():
+    model = random_model(VOCAB)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+def test_presets_follow_turc_et_al():
+    for name, (layers, hidden) in PRESETS.items():
+        config = BertConfig.preset(name)
+        assert (config.num_hidden_layers, config.hidden_size) == (layers, hidden)
+        assert config.num_attention_heads == hidden // 64 and config.intermediate_size == 4 * hidden
+
+
+def test_preset_parameter_counts_match_transformers():
+    for name in ("tiny", "mini"):
+        config = BertConfig.preset(name, vocab_size=8192)
+        ours = BertForPreTraining(config).num_parameters()
+        hf = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict())).num_parameters()
+        assert ours == hf
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_size=100, num_attention_heads=3), "divisible by num_attention_heads"),
+        (dict(hidden_act="tanh"), "hidden_act"),
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob"),
+        (dict(pad_token_id=99999), "pad_token_id"),
+    ],
+)
+def test_config_validation_names_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        BertConfig(**overrides)
+
+
+def test_config_rejects_unknown_fields_and_unsupported_variants():
+    with pytest.raises(ConfigError, match="unknown field"):
+        BertConfig.from_dict({"hidden_size": 64, "num_attention_heads": 1, "rotary_dim": 8})
+    with pytest.raises(ConfigError, match="is_decoder"):
+        BertConfig.from_dict({"is_decoder": True})
+    assert BertConfig.from_dict(BertConfig().to_dict()) == BertConfig()
