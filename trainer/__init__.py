@@ -1,0 +1,1 @@
+"""Offline BERT pre-training (masked LM + next-sentence prediction) into servable checkpoints."""

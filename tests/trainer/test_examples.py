@@ -1,0 +1,94 @@
+"""Masking statistics and next-sentence pair construction."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainer.corpus import read_documents
+from trainer.evaluate import replaceable_ids
+from trainer.examples import build_pairs, collate, tokenize
+from trainer.masking import mask_tokens
+
+
+def test_masking_rate_split_and_specials(tokenizer):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, tokenizer.vocab_size, (512, 128), generator=g)
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    special[:, 0] = special[:, 60] = special[:, 127] = True
+    special[:400, 100:] = True  # padding in most rows
+    ids[special] = tokenizer.pad_id
+    replace = replaceable_ids(tokenizer, tokenizer.vocab_size)
+    masked = mask_tokens(ids, special, g, tokenizer.mask_id, replace, rate=0.15)
+
+    assert not masked.positions[special].any()  # specials and padding never chosen
+    chosen_per_row = masked.positions.sum(1).float()
+    real_per_row = (~special).sum(1).float()
+    assert torch.allclose(chosen_per_row, torch.round(real_per_row * 0.15), atol=0)
+    new = masked.input_ids[masked.positions]
+    to_mask = (new == tokenizer.mask_id).float().mean().item()
+    kept = (new == masked.labels).float().mean().item()
+    assert abs(to_mask - 0.80) < 0.02 and abs(kept - 0.10 - 0.0) < 0.02 + 0.001  # 10% unchanged (+ rare random hits)
+    randomised = 1 - to_mask - kept
+    assert abs(randomised - 0.10) < 0.02
+    assert not torch.isin(new, torch.tensor(sorted(tokenizer.special_ids - {tokenizer.mask_id}))).any()
+    assert torch.equal(masked.input_ids[~masked.positions], ids[~masked.positions])
+
+
+def test_masks_are_redrawn_each_time(tokenizer):
+    ids = torch.randint(5, 500, (4, 64))
+    special = torch.zeros_like(ids, dtype=torch.bool)
+    replace = replaceable_ids(tokenizer, tokenizer.vocab_size)
+    first = mask_tokens(ids, special, torch.Generator().manual_seed(1), tokenizer.mask_id, replace)
+    second = mask_tokens(ids, special, torch.Generator().manual_seed(2), tokenizer.mask_id, replace)
+    assert not torch.equal(first.positions, second.positions)
+
+
+def test_pairs_are_half_random_from_other_documents_and_fit(small_corpus, tokenizer):
+    corpus = tokenize(read_documents(small_corpus), tokenizer)
+    max_len = 64
+    pairs = build_pairs(corpus, max_len, seed=3)
+    labels = np.array([p.is_random_next for p in pairs])
+    assert 0.4 < labels.mean() < 0.6
+    lengths = np.array([len(p.segment_a) + len(p.segment_b) + 3 for p in pairs])
+    assert lengths.max() <= max_len
+    assert np.median(lengths) >= 0.9 * max_len  # filled towards the limit, not mostly padding
+    # Every token of the corpus that fits lands in some pair: nothing is dropped for being long.
+    assert sum(len(p.segment_a) for p in pairs) > 0.4 * corpus.num_tokens
+
+    # A "random next" B comes from another document: its text is not in A's document.
+    doc_of_token = {}
+    for doc in range(corpus.num_documents):
+        for s in corpus.document_sentences(doc):
+            doc_of_token.setdefault(tuple(corpus.sentence(s)[:6].tolist()), doc)
+    checked = 0
+    for p in pairs[:200]:
+        if p.is_random_next:
+            a_doc = doc_of_token.get(tuple(p.segment_a[:6].tolist()))
+            b_doc = doc_of_token.get(tuple(p.segment_b[:6].tolist()))
+            if a_doc is not None and b_doc is not None:
+                assert a_doc != b_doc
+                checked += 1
+    assert checked > 5
+
+
+def test_long_sentences_are_truncated_not_dropped(tokenizer):
+    from trainer.corpus import Document
+
+    long = " ".join(["word"] * 300) + " ."
+    documents = [Document("a", [long, "short one ."]), Document("b", ["other text here .", "and more ."])]
+    corpus = tokenize(documents, tokenizer)
+    pairs = build_pairs(corpus, 32, seed=0)
+    assert any(len(p.segment_a) + len(p.segment_b) == 29 for p in pairs)
+
+
+def test_collate_layout(tokenizer):
+    from trainer.examples import PairExample
+
+    batch = collate([PairExample(np.array([10, 11]), np.array([12]), False),
+                     PairExample(np.array([20]), np.array([21, 22, 23]), True)], tokenizer)
+    c, s, p = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
+    assert batch.input_ids.tolist() == [[c, 10, 11, s, 12, s, p], [c, 20, s, 21, 22, 23, s]]
+    assert batch.token_type_ids.tolist() == [[0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1, 1]]
+    assert batch.special_mask.tolist()[0] == [True, False, False, True, False, True, True]
+    assert batch.nsp_labels.tolist() == [0, 1]

@@ -1,0 +1,186 @@
+"""The training loop end to end on a tiny corpus: learning, resume, torchrun, outputs, errors, signals."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from tests.conftest import REPO_ROOT
+from tests.trainer.conftest import tiny_run_args
+from trainer.cli import main
+
+PYTHON = sys.executable
+RUN = {"--max-steps": 40, "--lr": 3e-3}
+
+
+def run_cli(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "trainer", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(directory / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> Path:
+    # The `tokenizers` trainer breaks frequency ties in hash order, so two trainings of one corpus may
+    # differ in a few vocabulary entries. The trainer caches the tokenizer per corpus and vocabulary
+    # size; runs compared for bit-equality share that cache, as repeated runs on one machine do.
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, small_corpus, small_eval_corpus, shared_cache):
+    output = tmp_path_factory.mktemp("run") / "out"
+    assert main(tiny_run_args(small_corpus, small_eval_corpus, output, shared_cache, **RUN)) == 0
+    return output
+
+
+def test_loss_falls_and_run_files_are_written(finished_run):
+    rows = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "loss" in r]
+    evals = [r["eval"] for r in rows if "eval" in r]
+    # Held-out loss on fixed pairs and masks falls at every evaluation (per-step loss on batch 8 is noisy).
+    eval_losses = [e["mlm_loss"] for e in evals]
+    assert eval_losses[-1] < eval_losses[0] - 0.15
+    assert eval_losses[-1] < math.log(600) - 0.4  # well below a uniform guess over the vocabulary
+    assert sum(r["mlm_loss"] for r in train[-5:]) / 5 < train[0]["mlm_loss"] - 0.3
+    assert (finished_run / "training_curves.png").read_bytes()[:4] == b"\x89PNG"
+    metadata = json.loads((finished_run / "training_metadata.json").read_text())
+    assert metadata["eval"] == evals[-1]
+    assert metadata["progress"]["step"] == 40 and metadata["data"]["train_documents"] > 2
+    assert (finished_run / "checkpoints").is_dir()
+
+
+def test_output_opens_in_transformers(finished_run):
+    model = transformers.BertForPreTraining.from_pretrained(finished_run).eval()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(finished_run)
+    inputs = tokenizer("the river flows", "into the sea", return_tensors="pt")
+    from model import load_checkpoint
+
+    ours = load_checkpoint(finished_run)
+    assert inputs["input_ids"][0].tolist() == ours.tokenizer.encode("the river flows", "into the sea").ids
+    with torch.no_grad():
+        theirs = model(**inputs).seq_relationship_logits
+        mine = ours.model(inputs["input_ids"], inputs["token_type_ids"]).nsp_logits
+    assert (theirs - mine).abs().max() < 1e-5
+
+
+def test_second_run_reuses_the_token_cache(tmp_path, small_corpus, small_eval_corpus):
+    cache = tmp_path / "cache"
+    args = lambda out: tiny_run_args(small_corpus, small_eval_corpus, tmp_path / out, cache, **{"--max-steps": 1})  # noqa: E731
+    assert main(args("a")) == 0
+    caches = sorted((cache / "tokens").iterdir())
+    stamps = [p.stat().st_mtime_ns for p in caches]
+    assert main(args("b")) == 0
+    assert [p.stat().st_mtime_ns for p in sorted((cache / "tokens").iterdir())] == stamps  # read, not rewritten
+
+
+def test_killed_run_resumes_to_identical_weights(tmp_path, small_corpus, small_eval_corpus, finished_run, shared_cache):
+    """kill -9 after the first checkpoint, then --resume: same final weights as the uninterrupted run."""
+    cache = shared_cache
+    output = tmp_path / "out"
+    args = tiny_run_args(small_corpus, small_eval_corpus, output, cache, **RUN)
+    process = subprocess.Popen([PYTHON, "-m", "trainer", *args], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (output / "checkpoints" / "step-0000008").is_dir():
+        assert process.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (output / "model.safetensors").exists()  # no final checkpoint under the output name
+
+    resumed = run_cli([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from step" in resumed.stderr
+    expected = weights(finished_run)
+    got = weights(output)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(got[name], expected[name]), name
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, small_corpus, small_eval_corpus, finished_run,
+                                                              shared_cache):
+    output = tmp_path / "out"
+    shutil.copytree(finished_run / "checkpoints", output / "checkpoints")
+    newest = sorted((output / "checkpoints").iterdir())[-1]
+    data = bytearray((newest / "model.safetensors").read_bytes())
+    data[-100] ^= 0xFF  # one flipped byte inside a tensor: safetensors itself would not notice
+    (newest / "model.safetensors").write_bytes(bytes(data))
+    args = tiny_run_args(small_corpus, small_eval_corpus, output, shared_cache, **RUN)
+    resumed = run_cli([*args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert "skipping damaged checkpoint" in resumed.stderr and "checksum mismatch" in resumed.stderr
+    for name, tensor in weights(finished_run).items():
+        assert torch.equal(weights(output)[name], tensor), name
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path, small_corpus, small_eval_corpus):
+    output = tmp_path / "out"
+    args = tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache",
+                         **{"--max-steps": 100000, "--save-every": 100000})
+    process = subprocess.Popen([PYTHON, "-m", "trainer", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (output / "metrics.jsonl").is_file():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert "Traceback" not in stderr and "continue with --resume" in stderr
+    saved = list((output / "checkpoints").iterdir())
+    assert len(saved) == 1 and (saved[0] / "training_state.json").is_file()
+
+
+def test_two_process_torchrun_matches_single_process(tmp_path, small_corpus, small_eval_corpus):
+    common = {"--max-steps": 6, "--dropout": 0.0, "--batch-size": 8, "--save-every": 100}
+    single = run_cli(tiny_run_args(small_corpus, small_eval_corpus, tmp_path / "one", tmp_path / "cache", **common))
+    assert single.returncode == 0, single.stderr
+    torchrun = Path(PYTHON).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    double = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "trainer",
+         *tiny_run_args(small_corpus, small_eval_corpus, tmp_path / "two", tmp_path / "cache", **common)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert double.returncode == 0, double.stderr[-3000:]
+    one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=2e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    "corpus_text, message",
+    [(None, "no such file or directory"), ("", "no text found"), ("just one document with one sentence.", "only 1 document(s)")],
+)
+def test_bad_corpora_give_clear_errors(tmp_path, corpus_text, message):
+    corpus = tmp_path / "corpus.txt"
+    if corpus_text is not None:
+        corpus.write_text(corpus_text)
+    result = run_cli(["--corpus", str(corpus), "--output", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"),
+                      "--max-steps", "1", "--no-progress"])
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unwritable_output_is_a_clear_error(tmp_path, small_corpus):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run_cli(["--corpus", str(small_corpus), "--output", str(blocker / "out"), "--max-steps", "1"])
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "error:" in result.stderr

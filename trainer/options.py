@@ -1,0 +1,82 @@
+"""Every trainer option in one dataclass; the CLI is generated from it (help text = field metadata)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from model.config import PRESETS
+from trainer.download import DEFAULT_CACHE
+
+
+def option(default, help: str, **extra):  # noqa: A002 - mirrors argparse's name
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainOptions:
+    corpus: str = option(None, "Training text: a file, a directory of text files, or the name of a public corpus "
+                               "(wikitext-2, wikitext-103) to download into --cache-dir.", required=True)
+    output: Path = option(None, "Checkpoint directory to write (servable, opens in transformers). Run files "
+                                "(metrics.jsonl, training_curves.png, checkpoints/) go inside it.", required=True)
+    eval_corpus: str | None = option(None, "Held-out text for evaluation. Default: the named corpus' validation "
+                                           "split, or the last --eval-fraction of the training documents.")
+    eval_fraction: float = option(0.05, "Share of training documents held out when no --eval-corpus is given.")
+    preset: str = option("mini", f"Model size: {', '.join(PRESETS)} (Turc et al. 2019).", choices=list(PRESETS))
+    vocab_size: int = option(8192, "WordPiece vocabulary size when a tokenizer is trained on the corpus.")
+    init_from: Path | None = option(None, "Start from this checkpoint's weights and tokenizer instead of scratch.")
+    max_seq_len: int = option(128, "Tokens per pre-training pair, [CLS] A [SEP] B [SEP] included.")
+    mask_rate: float = option(0.15, "Share of non-special tokens chosen for masked-LM prediction.")
+    short_seq_prob: float = option(0.1, "Probability of a shorter target length for a pair (as in BERT).")
+    dropout: float | None = option(None, "Hidden and attention dropout of a new model (preset default 0.1); "
+                                           "--init-from and --resume keep the checkpoint's.")
+    batch_size: int = option(32, "Sequences per optimizer step, across all processes.")
+    grad_accum: int = option(1, "Micro-batches per optimizer step (each is batch-size / processes / grad-accum).")
+    lr: float = option(1e-3, "Peak learning rate (AdamW).")
+    weight_decay: float = option(0.01, "AdamW weight decay; never applied to biases and LayerNorm.")
+    warmup_fraction: float = option(0.06, "Share of the run spent warming the learning rate up; then linear decay to 0.")
+    clip_norm: float = option(1.0, "Gradient clipping by global norm (0 turns it off).")
+    max_steps: int | None = option(None, "Optimizer steps to run. Default 1000 when --time-budget is not given.")
+    time_budget: float | None = option(None, "Wall-clock minutes to train; the LR schedule follows elapsed time.")
+    eval_every: int = option(200, "Evaluate every N steps (and always at the end).")
+    eval_examples: int = option(1024, "Held-out pairs used per evaluation (fixed pairs and masks).")
+    save_every: int = option(500, "Write a resumable checkpoint every N steps (and at the end, and on SIGINT/SIGTERM).")
+    keep_checkpoints: int = option(2, "Resumable checkpoints kept under OUTPUT/checkpoints.")
+    log_every: int = option(10, "Log training metrics to metrics.jsonl every N steps.")
+    seed: int = option(0, "Seed for weights, pairs, masks and dropout; CPU runs are reproducible.")
+    device: str = option("auto", "auto (CUDA if available), cpu, cuda, or cuda:N.")
+    compile: bool = option(False, "torch.compile the model (CUDA).")
+    save_dtype: str = option("float32", "Weight dtype of the final checkpoint.", choices=["float32", "float16", "bfloat16"])
+    cache_dir: Path = option(DEFAULT_CACHE, "Where downloads, trained tokenizers and token-id caches are kept.")
+    resume: bool = option(False, "Continue from the newest good checkpoint in OUTPUT/checkpoints.")
+    progress: bool = option(True, "Show a progress bar.")
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"--{name.replace('_', '-')} {why}")
+
+        if self.max_steps is None and self.time_budget is None:
+            self.max_steps = 1000
+        for name in ("batch_size", "grad_accum", "vocab_size", "eval_every", "save_every", "log_every",
+                     "keep_checkpoints", "eval_examples"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be at least 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise bad("max_steps", "must be at least 1")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise bad("time_budget", "must be positive (minutes)")
+        if not 8 <= self.max_seq_len <= 512:
+            raise bad("max_seq_len", "must be between 8 and 512")
+        if not 0 < self.mask_rate < 1:
+            raise bad("mask_rate", "must be between 0 and 1")
+        if not 0 <= self.eval_fraction < 1:
+            raise bad("eval_fraction", "must be in [0, 1)")
+        if self.lr <= 0:
+            raise bad("lr", "must be positive")
+        self.output = Path(self.output)
+        self.cache_dir = Path(self.cache_dir)
+        if self.init_from is not None:
+            self.init_from = Path(self.init_from)
+
+    def to_json(self) -> dict:
+        return {f.name: (str(v) if isinstance(v, Path) else v) for f in fields(self) for v in [getattr(self, f.name)]}
