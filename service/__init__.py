@@ -1,0 +1,1 @@
+"""The BERT inference service: settings -> schemas -> routes -> batcher -> engine."""

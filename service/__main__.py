@@ -1,0 +1,88 @@
+"""`python -m service`: flags generated from Settings (each also an environment variable), then uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Literal, get_args, get_origin
+
+from pydantic import ValidationError
+
+from service.settings import Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m service",
+        description="Serve a BERT checkpoint: POST /encode, /fill-mask, /nsp; GET /health, /info, /metrics, /docs. "
+                    "Every flag can also be set by the environment variable shown.",
+    )
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        env = "BERT_" + name.upper()
+        help_text = f"{field.description} [env {env}; default: {field.default}]"
+        annotation = field.annotation
+        if annotation is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif get_origin(annotation) is Literal:
+            parser.add_argument(flag, choices=list(get_args(annotation)), default=None, help=help_text)
+        else:
+            parser.add_argument(flag, default=None, help=help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        settings = Settings(**overrides)  # flags win over environment variables
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "settings"
+            print(f"error: {where}: {error['msg']}", file=sys.stderr)
+        return 2
+    if not settings.checkpoint.is_dir():
+        print(f"error: checkpoint {settings.checkpoint} is not a directory", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from service.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    state = app.state.service
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # Health turns 503 and new requests are refused at once; accepted ones finish.
+            state.draining = True
+            if settings.drain_seconds > 0 and not self.should_exit:
+                import asyncio
+
+                asyncio.get_event_loop().call_later(settings.drain_seconds, super().handle_exit, sig, frame)
+            else:
+                super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False)
+    server = Server(config)
+    failed: list[Exception] = []
+
+    def stop_on_failure(exc: Exception) -> None:
+        failed.append(exc)
+        server.should_exit = True
+
+    app.state.on_load_failure = stop_on_failure
+    server.run()
+    if failed:
+        print(f"error: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(main())

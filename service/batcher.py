@@ -1,0 +1,293 @@
+"""Dynamic batching. Knows nothing of HTTP; decides *when* and *what* runs together.
+
+Every input of every request is one entry in one queue. Two threads serve it:
+- the packer picks the next batch (anchored on the oldest entry, filled with entries of similar
+  length under the token budget, so padding stays small) and collates it while the device is busy
+  with the current one: one batch is always ready ahead;
+- the runner feeds prepared batches to the engine under `torch.inference_mode()` and fans each
+  item's result back to its request's future on the event loop.
+Entries whose client went away are dropped before compute, entries past their deadline get
+`unavailable`, and a batch that runs out of device memory is split in two and retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from service.engine import Batch, Engine, Item, ItemResult, is_out_of_memory
+from service.errors import ServiceError
+from service.metrics import Metrics
+
+log = logging.getLogger("service")
+
+
+@dataclass
+class Ticket:
+    """Shared by the entries of one request; the route sets `cancelled` when the client disconnects."""
+
+    deadline: float  # time.monotonic() by which the entries must reach the device
+    cancelled: bool = False
+
+
+@dataclass
+class Entry:
+    item: Item
+    ticket: Ticket
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def length(self) -> int:
+        return len(self.item)
+
+
+def _resolve(future: asyncio.Future, value=None, error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+class Batcher:
+    def __init__(self, engine: Engine, metrics: Metrics, max_batch_tokens: int, max_batch_size: int,
+                 max_wait_ms: float, max_queue_items: int):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000
+        self.max_queue_items = max_queue_items
+        self._queue: deque[Entry] = deque()
+        self._cond = threading.Condition()
+        self._prepared: tuple[list[Entry], Batch] | None = None  # the one batch ready ahead
+        self._running = False  # the runner is inside engine.run
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
+
+    # ---- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in ((self._pack_loop, "bert-packer"), (self._run_loop, "bert-runner")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Finish everything already queued, then stop the threads."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    # ---- submission (event loop) ---------------------------------------------------------------
+
+    def submit(self, items: list[Item], ticket: Ticket) -> list[asyncio.Future]:
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._stopping:
+                raise ServiceError("unavailable", "the server is shutting down")
+            if len(self._queue) + len(items) > self.max_queue_items:
+                wait = self._recent_batch_s * max(1, len(self._queue) / max(1, self.max_batch_size))
+                raise ServiceError("overloaded", f"the queue is full ({len(self._queue)} inputs waiting); retry later",
+                                   retry_after_s=wait)
+            entries = [Entry(item, ticket, loop.create_future(), loop) for item in items]
+            self._queue.extend(entries)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cond.notify_all()
+        return [e.future for e in entries]
+
+    # ---- packing (packer thread) ---------------------------------------------------------------
+
+    def _pack_loop(self) -> None:
+        while True:
+            with self._cond:
+                chosen = self._wait_and_select()
+                if chosen is None:
+                    return
+            try:
+                batch = self.engine.collate([e.item for e in chosen])
+            except Exception as exc:  # noqa: BLE001 - a bad batch fails its own entries only
+                log.exception("collate failed")
+                self._fail(chosen, ServiceError("internal", "internal error while preparing the batch"))
+                continue
+            with self._cond:
+                self._prepared = (chosen, batch)
+                self._cond.notify_all()
+
+    def _wait_and_select(self) -> list[Entry] | None:
+        """Under the lock: wait until there is something to run and nowhere for it to wait, then pick it."""
+        while True:
+            self._drop_dead_entries()
+            if self._stopping and not self._queue:
+                return None
+            if self._prepared is None and self._queue:
+                idle = not self._running
+                short = sum(e.length for e in self._queue) < self.max_batch_tokens // 2 and \
+                    len(self._queue) < self.max_batch_size
+                waited = time.monotonic() - self._queue[0].enqueued_at
+                # Wait for company only when the device would otherwise sit idle with a small batch.
+                if not (idle and short and waited < self.max_wait_s and not self._stopping):
+                    return self._select()
+                self._cond.wait(self.max_wait_s - waited)
+                continue
+            self._cond.wait(self._next_deadline_in())
+
+    def _next_deadline_in(self) -> float | None:
+        if not self._queue:
+            return None
+        return max(0.001, min(e.ticket.deadline for e in self._queue) - time.monotonic())
+
+    def _drop_dead_entries(self) -> None:
+        if not self._queue:
+            return
+        now = time.monotonic()
+        alive: deque[Entry] = deque()
+        for entry in self._queue:
+            if entry.ticket.cancelled:
+                self.metrics.items_dropped.labels("disconnected").inc()
+                entry.loop.call_soon_threadsafe(_resolve, entry.future, None,
+                                                ServiceError("unavailable", "client disconnected"))
+            elif now > entry.ticket.deadline:
+                self.metrics.items_dropped.labels("deadline").inc()
+                entry.loop.call_soon_threadsafe(
+                    _resolve, entry.future, None,
+                    ServiceError("unavailable", "the request waited in the queue past its deadline", retry_after_s=1))
+            else:
+                alive.append(entry)
+        if len(alive) != len(self._queue):
+            self._queue = alive
+            self.metrics.queue_depth.set(len(alive))
+
+    def _select(self) -> list[Entry]:
+        """The oldest entry plus neighbours in length order, while padded tokens fit the budget.
+
+        Growing towards shorter entries adds their own padding; growing towards longer ones pads
+        everything already chosen. Each step takes the cheaper side.
+        """
+        by_length = sorted(self._queue, key=lambda e: e.length)
+        anchor = by_length.index(self._queue[0])
+        lo, hi = anchor, anchor + 1  # chosen = by_length[lo:hi]
+        longest = by_length[anchor].length
+        while hi - lo < self.max_batch_size:
+            count = hi - lo
+            options = []
+            if lo > 0:
+                options.append((longest - by_length[lo - 1].length, "left"))
+            if hi < len(by_length):
+                grow = by_length[hi].length - longest
+                if by_length[hi].length * (count + 1) <= self.max_batch_tokens:
+                    options.append((grow * count, "right"))
+            options = [o for o in options if o[1] == "right" or longest * (count + 1) <= self.max_batch_tokens]
+            if not options:
+                break
+            _, side = min(options)
+            if side == "left":
+                lo -= 1
+            else:
+                longest = by_length[hi].length
+                hi += 1
+        chosen = by_length[lo:hi]
+        chosen_ids = {id(e) for e in chosen}
+        self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
+        self.metrics.queue_depth.set(len(self._queue))
+        return chosen
+
+    # ---- running (runner thread) ---------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._prepared is None and not (self._stopping and not self._queue and self._packer_done()):
+                    self._cond.wait(0.1)
+                if self._prepared is None:
+                    return
+                chosen, batch = self._prepared
+                self._prepared = None
+                self._running = True
+                self._cond.notify_all()  # the packer may prepare the next batch now
+            try:
+                self._run_batch(chosen, batch)
+            finally:
+                with self._cond:
+                    self._running = False
+                    self._cond.notify_all()
+
+    def _packer_done(self) -> bool:
+        return bool(self._threads) and not self._threads[0].is_alive()
+
+    def _run_batch(self, chosen: list[Entry], batch: Batch) -> None:
+        alive = [e for e in chosen if not e.ticket.cancelled]
+        if len(alive) != len(chosen):  # a client left while its batch waited: do not compute it
+            for entry in chosen:
+                if entry.ticket.cancelled:
+                    self.metrics.items_dropped.labels("disconnected").inc()
+                    entry.loop.call_soon_threadsafe(_resolve, entry.future, None,
+                                                    ServiceError("unavailable", "client disconnected"))
+            if not alive:
+                return
+            batch = self.engine.collate([e.item for e in alive])
+        now = time.monotonic()
+        for entry in alive:
+            self.metrics.queue_seconds.observe(now - entry.enqueued_at)
+        self._run_splitting(alive, batch)
+
+    def _run_splitting(self, entries: list[Entry], batch: Batch) -> None:
+        started = time.perf_counter()
+        try:
+            results = self.engine.run(batch)
+        except Exception as exc:  # noqa: BLE001 - failures fan out to this batch's entries only
+            if is_out_of_memory(exc) and len(entries) > 1:
+                self.metrics.batch_splits.inc()
+                log.warning("out of memory on a batch of %d; splitting it", len(entries))
+                _free_device_cache(self.engine)
+                half = len(entries) // 2
+                for part in (entries[:half], entries[half:]):
+                    self._run_splitting(part, self.engine.collate([e.item for e in part]))
+                return
+            if is_out_of_memory(exc):
+                error = ServiceError("unavailable", "the input does not fit in device memory", retry_after_s=5)
+            else:
+                log.exception("batch of %d failed", len(entries))
+                error = ServiceError("internal", "internal error while computing the batch")
+            self._fail(entries, error)
+            return
+        elapsed = time.perf_counter() - started
+        self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
+        m = self.metrics
+        m.inference_seconds.observe(elapsed)
+        m.batch_sequences.observe(len(entries))
+        m.batch_tokens.observe(batch.padded_tokens)
+        m.batch_padding.observe(1 - batch.real_tokens / batch.padded_tokens)
+        m.items_computed.inc(len(entries))
+        m.tokens_real.inc(batch.real_tokens)
+        m.tokens_padded.inc(batch.padded_tokens)
+        for entry, result in zip(entries, results):
+            entry.loop.call_soon_threadsafe(_resolve, entry.future, result)
+
+    def _fail(self, entries: list[Entry], error: ServiceError) -> None:
+        for entry in entries:
+            entry.loop.call_soon_threadsafe(_resolve, entry.future, None, error)
+
+
+def _free_device_cache(engine: Engine) -> None:
+    import torch
+
+    if engine.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+__all__ = ["Batcher", "Entry", "ItemResult", "Ticket"]

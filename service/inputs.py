@@ -1,0 +1,97 @@
+"""Request inputs -> tokenized work items, with every input check that needs the tokenizer.
+
+Runs in a worker thread (tokenization stays off the event loop and off the device thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.tokenizer import MASK, WordPieceTokenizer
+from service.engine import Item
+from service.errors import ServiceError
+
+
+@dataclass
+class Limits:
+    max_inputs_per_request: int
+    max_input_chars: int
+    max_top_k: int
+
+
+def _as_list(inputs, is_single) -> list:
+    return [inputs] if is_single(inputs) else list(inputs)
+
+
+def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
+    if not texts:
+        raise ServiceError("validation", f"{field} is empty; send at least one input")
+    if len(texts) > limits.max_inputs_per_request:
+        raise ServiceError("validation", f"{field} has {len(texts)} entries; the limit is "
+                                         f"{limits.max_inputs_per_request} per request")
+    for index, entry in enumerate(texts):
+        parts = entry if isinstance(entry, (list, tuple)) else [entry]
+        for part in parts:
+            if not part.strip():
+                raise ServiceError("validation", f"{field}[{index}] is empty or whitespace only")
+            if len(part) > limits.max_input_chars:
+                raise ServiceError("validation", f"{field}[{index}] has {len(part)} characters; the limit is "
+                                                 f"{limits.max_input_chars}")
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in part):
+                raise ServiceError("validation", f"{field}[{index}] contains a lone surrogate (not valid Unicode)")
+
+
+def _encode(tokenizer: WordPieceTokenizer, entries: list, truncate: bool, field: str = "inputs"):
+    encoded = tokenizer.encode_batch([tuple(e) if isinstance(e, list) else e for e in entries], truncate=truncate)
+    for index, e in enumerate(encoded):
+        if len(e.ids) > tokenizer.model_max_length:
+            raise ServiceError("validation", f"{field}[{index}] is {len(e.ids)} tokens long; the model takes at most "
+                                             f"{tokenizer.model_max_length} (send truncate: true to cut it)")
+    return encoded
+
+
+def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: str, normalize: bool, truncate: bool,
+                 limits: Limits) -> tuple[list[Item], list[list[str]]]:
+    entries = _as_list(inputs, lambda x: isinstance(x, str))
+    _check_texts(entries, limits)
+    encoded = _encode(tokenizer, entries, truncate)
+    items = [Item(e.ids, e.type_ids, "encode", pooling=pooling, normalize=normalize) for e in encoded]
+    return items, [e.tokens for e in encoded]
+
+
+def fill_mask_items(tokenizer: WordPieceTokenizer, inputs, top_k: int, targets: list[str] | None, truncate: bool,
+                    limits: Limits) -> tuple[list[Item], list[list[int]]]:
+    if not 1 <= top_k <= limits.max_top_k:
+        raise ServiceError("validation", f"top_k must be between 1 and {limits.max_top_k}, got {top_k}")
+    texts = _as_list(inputs, lambda x: isinstance(x, str))
+    _check_texts(texts, limits)
+    target_ids = None
+    if targets is not None:
+        if not targets:
+            raise ServiceError("validation", "targets is empty; leave it out to score the whole vocabulary")
+        target_ids = []
+        for target in targets:
+            pieces = tokenizer.tokenize_words([target])[0]
+            if len(pieces) != 1 or pieces[0] == tokenizer.unk_id:
+                raise ServiceError("validation", f"target {target!r} is not a single vocabulary token "
+                                                 f"(it tokenizes to {len(pieces)} pieces)")
+            target_ids.append(pieces[0])
+        target_ids = list(dict.fromkeys(target_ids))
+    encoded = _encode(tokenizer, texts, truncate)
+    items, ids = [], []
+    for index, e in enumerate(encoded):
+        positions = [p for p, t in enumerate(e.ids) if t == tokenizer.mask_id]
+        if not positions:
+            raise ServiceError("validation", f"inputs[{index}] has no {MASK} token"
+                                             + (" left after truncation" if truncate and MASK in texts[index] else ""))
+        items.append(Item(e.ids, e.type_ids, "fill_mask", top_k=min(top_k, len(target_ids or [0] * top_k)),
+                          target_ids=target_ids, mask_positions=positions))
+        ids.append(e.ids)
+    return items, ids
+
+
+def nsp_items(tokenizer: WordPieceTokenizer, inputs, truncate: bool, limits: Limits) -> list[Item]:
+    pairs = _as_list(inputs, lambda x: len(x) == 2 and all(isinstance(s, str) for s in x))
+    _check_texts(pairs, limits)
+    encoded = _encode(tokenizer, pairs, truncate)
+    return [Item(e.ids, e.type_ids, "nsp") for e in encoded]

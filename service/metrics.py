@@ -1,0 +1,41 @@
+"""Prometheus metrics, one registry per app (tests build many apps in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("bert_requests", "Requests answered, by route and HTTP status.", ["route", "status"], registry=r)
+        self.failures = Counter("bert_request_failures", "Error responses, by route and error kind.",
+                                ["route", "error_type"], registry=r)
+        self.request_seconds = Histogram("bert_request_duration_seconds", "Time from request to response.", ["route"],
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("bert_queue_depth", "Inputs waiting for the device.", registry=r)
+        self.queue_seconds = Histogram("bert_queue_time_seconds", "Time an input waited before its batch ran.",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.inference_seconds = Histogram("bert_inference_seconds", "Device time of one batch.",
+                                           buckets=LATENCY_BUCKETS, registry=r)
+        self.tokenize_seconds = Histogram("bert_tokenization_seconds", "Tokenization time of one request.",
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_sequences = Histogram("bert_batch_sequences", "Sequences per batch.", buckets=SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("bert_batch_tokens", "Padded tokens per batch.", buckets=TOKEN_BUCKETS, registry=r)
+        self.batch_padding = Histogram("bert_batch_padding_fraction", "Share of a batch's tokens that are padding.",
+                                       buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0), registry=r)
+        self.items_computed = Counter("bert_items_computed", "Inputs that went through the device.", registry=r)
+        self.items_dropped = Counter("bert_items_dropped", "Inputs removed before compute, by reason.", ["reason"],
+                                     registry=r)
+        self.batch_splits = Counter("bert_batch_splits", "Batches split in two after running out of device memory.",
+                                    registry=r)
+        self.tokens_real = Counter("bert_tokens_real", "Real (non-padding) tokens computed.", registry=r)
+        self.tokens_padded = Counter("bert_tokens_padded", "Tokens computed, padding included.", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

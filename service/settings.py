@@ -1,0 +1,74 @@
+"""Every service setting in one object. Each field reads `BERT_<NAME>` from the environment, is a
+`--kebab-case` flag of `python -m service`, and its description (shown by --help, /info and the
+README table) states the trade-off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "mini-wikitext2"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BERT_", extra="forbid", validate_default=True)
+
+    checkpoint: Path = Field(DEFAULT_CHECKPOINT, description=(
+        "Checkpoint directory to serve (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel "
+        "directory with model.safetensors). Default: the bundled WikiText-2 mini model."))
+    host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port.")
+    device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description=(
+        "Weights and activations dtype. auto = bfloat16 on GPUs that support it, else float16 on GPU, float32 on "
+        "CPU. Half precision doubles GPU throughput at ~1e-3 relative error."))
+    max_batch_tokens: int = Field(16384, ge=16, description=(
+        "Token budget of one forward pass, counting padding. Larger batches raise throughput until the device "
+        "saturates, and raise the latency of every item in them."))
+    max_batch_size: int = Field(64, ge=1, description=(
+        "Most sequences in one forward pass; 1 turns batching off (the benchmark baseline)."))
+    max_wait_ms: float = Field(2.0, ge=0, description=(
+        "How long an idle device waits for more items before running a short queue. Adds at most this much "
+        "latency at low load; 0 runs whatever is queued at once."))
+    max_queue_items: int = Field(4096, ge=1, description=(
+        "Inputs allowed to wait in the queue; beyond it requests get 429 with Retry-After at once, instead of "
+        "queueing without bound."))
+    queue_timeout_s: float = Field(30.0, gt=0, description=(
+        "Deadline for an input to reach the device; past it the request gets 503 and the input is not computed."))
+    max_inputs_per_request: int = Field(64, ge=1, description="Most inputs in one request (422 beyond).")
+    max_input_chars: int = Field(50_000, ge=1, description=(
+        "Most characters in one input text, checked before tokenization so that huge texts cost nothing (422)."))
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
+    max_top_k: int = Field(100, ge=1, description="Largest top_k accepted by /fill-mask (422 beyond).")
+    api_key: str | None = Field(None, description=(
+        "If set, every route but /health (and /metrics unless metrics_require_key) needs "
+        "'Authorization: Bearer <key>'. Compared in constant time."))
+    metrics_require_key: bool = Field(False, description="Also protect /metrics with the API key.")
+    warmup: bool = Field(True, description="Run a warm-up batch before reporting healthy (first requests are not slow).")
+    drain_seconds: float = Field(0.0, ge=0, description=(
+        "On SIGTERM, keep answering 503 to new requests for this long (so load balancers notice) while "
+        "accepted requests finish, then stop."))
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Server log level.")
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if value not in ("auto", "cpu", "cuda") and not (value.startswith("cuda:") and value[5:].isdigit()):
+            raise ValueError("device must be auto, cpu, cuda or cuda:N")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Settings":
+        if self.api_key is not None and len(self.api_key) < 8:
+            raise ValueError("api_key must be at least 8 characters")
+        return self
+
+    def public(self) -> dict:
+        """Settings without secrets, for /info."""
+        values = self.model_dump(mode="json")
+        values["api_key"] = "set" if self.api_key else None
+        return values
