@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 import sys
@@ -57,14 +58,15 @@ def main(argv: list[str] | None = None) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
-            # Health turns 503 and new requests are refused at once; accepted ones finish.
+            # Health turns 503 and new requests are refused at once; accepted ones finish; then exit 0.
+            # (uvicorn's own handler re-raises the signal after shutdown, which would end us with -15.)
             state.draining = True
-            if settings.drain_seconds > 0 and not self.should_exit:
-                import asyncio
-
-                asyncio.get_event_loop().call_later(settings.drain_seconds, super().handle_exit, sig, frame)
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            elif settings.drain_seconds > 0:
+                asyncio.get_event_loop().call_later(settings.drain_seconds, setattr, self, "should_exit", True)
             else:
-                super().handle_exit(sig, frame)
+                self.should_exit = True
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False)
