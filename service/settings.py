@@ -72,3 +72,14 @@ class Settings(BaseSettings):
         values = self.model_dump(mode="json")
         values["api_key"] = "set" if self.api_key else None
         return values
+
+
+def settings_table() -> str:
+    """The README's configuration table, generated so that it cannot drift from the code."""
+    rows = ["| setting (flag) | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        if isinstance(default, Path):
+            default = default.relative_to(REPO_ROOT) if default.is_relative_to(REPO_ROOT) else default
+        rows.append(f"| `--{name.replace('_', '-')}` | `BERT_{name.upper()}` | `{default}` | {field.description} |")
+    return "\n".join(rows)
