@@ -96,7 +96,8 @@ def save_checkpoint(
         tmp.mkdir()
         model.config.save(tmp / CONFIG_FILE)
         save_file(_weights_to_save(model, dtype), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        tokenizer.save(tmp)
+        # transformers truncates to this: it must not exceed the model's position table
+        tokenizer.save(tmp, model_max_length=min(tokenizer.model_max_length, model.config.max_position_embeddings))
         if metadata is not None:
             (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, default=str) + "\n")
         if write_extra is not None:

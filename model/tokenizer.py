@@ -139,7 +139,8 @@ class WordPieceTokenizer:
                 raise TokenizerError(f"{vocab_file}: {exc}") from None
         raise TokenizerError(f"{directory}: no tokenizer.json or vocab.txt")
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, model_max_length: int | None = None) -> None:
+        """`model_max_length` overrides the recorded limit (a checkpoint caps it at the model's positions)."""
         directory = Path(directory)
         self._backend.save(str(directory / "tokenizer.json"))
         (directory / "vocab.txt").write_text("".join(t + "\n" for t in self.vocab), encoding="utf-8")
@@ -149,7 +150,7 @@ class WordPieceTokenizer:
             "do_lower_case": self.lowercase,
             "tokenize_chinese_chars": True,
             "strip_accents": None,
-            "model_max_length": self.model_max_length,
+            "model_max_length": model_max_length or self.model_max_length,
             "clean_up_tokenization_spaces": True,
             **specials,
         }

@@ -37,11 +37,14 @@ class RequestGuard:
         started = time.perf_counter()
         route = scope["path"] if scope["path"] in ROUTES else "other"
         status_holder = {}
+        self.state.accepted += 1
 
         async def send_and_count(message):
             if message["type"] == "http.response.start":
                 status_holder["status"] = message["status"]
             await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.state.answered += 1
 
         try:
             if scope["method"] == "POST":
@@ -129,6 +132,7 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
             if not app.state.loading.done():
                 await app.state.loading
             await asyncio.to_thread(state.shutdown)
+            log.info("shutdown: answered %d of %d accepted requests", state.answered, state.accepted)
 
     app = FastAPI(title="BERT service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.service = state

@@ -31,6 +31,8 @@ class ServiceState:
         self.engine_factory = engine_factory or Engine
         self.ready = False
         self.draining = False
+        self.accepted = 0  # HTTP requests that reached the app
+        self.answered = 0  # ... and whose response was sent in full
         self.load_error: str | None = None
         self.checkpoint = None
         self.engine: Engine | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import subprocess
@@ -74,10 +75,10 @@ def test_sigterm_under_load_answers_every_accepted_request(server):
                 nonlocal done
                 try:
                     status = (await client.post("/encode", json={"inputs": [f"sentence {i} about rivers"] * 8})).status_code
-                except httpx.ConnectError:
-                    return "refused"  # never accepted: the listener had closed
                 except httpx.TransportError:
-                    return "lost"  # accepted, then dropped without an answer
+                    # Refused, or a keep-alive connection closed by the server just as this request was
+                    # written: the app never saw it (checked against the server's own count below).
+                    return "not accepted"
                 done += 1
                 return status
 
@@ -92,11 +93,13 @@ def test_sigterm_under_load_answers_every_accepted_request(server):
     output = process.stdout.read()
     assert process.returncode == 0, output
     assert "Traceback" not in output
-    assert "lost" not in outcomes, outcomes
-    answered = [o for o in outcomes if o != "refused"]
+    answered = [o for o in outcomes if o != "not accepted"]
     # Every accepted request got an answer: 200, or 503 for those that arrived while draining.
     assert set(answered) <= {200, 503}, outcomes
     assert answered.count(200) >= 20
+    accepted, replied = map(int, re.search(r"answered (\d+) of (\d+) accepted", output).groups()[::-1])
+    assert replied == accepted, (replied, accepted)  # nothing the server accepted went unanswered
+    assert accepted >= len(answered) + 1  # ours, plus the fixture's readiness probes
 
 
 def test_bad_checkpoint_exits_with_a_clear_error(tmp_path):

@@ -1,0 +1,237 @@
+"""Serving benchmark: every row measured in one run, same machine, same checkpoint, same inputs.
+
+Rows: this service (default settings), the same with batching off (max_batch_size=1), the in-process
+limit (the engine on pre-tokenized, length-sorted batches at the best batch size: no HTTP, no queue),
+and the naive peer (transformers, one forward per request). Inputs: real sentences from WikiText-2's
+test split, mixed lengths, or a fixed length with --fixed-length N. Each client sends one input per
+request to /encode (mean pooling) and waits for the answer before sending the next.
+
+    python -m bench.serving --checkpoint checkpoints/mini-wikitext2 --concurrency 1 8 32 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WIKITEXT_TEST = Path(os.environ.get("BERT_WIKITEXT_DIR", REPO_ROOT.parent / "shared/data/wikitext-2")) / "wiki.test.tokens"
+
+
+@dataclass
+class Row:
+    system: str
+    concurrency: int
+    requests: int
+    seconds: float
+    requests_per_s: float
+    sequences_per_s: float
+    tokens_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_batch: float | None = None
+    padding: float | None = None
+    vs_limit: float | None = None
+
+
+def sentences(limit: int, fixed_length: int | None, tokenizer) -> list[str]:
+    from trainer.corpus import read_documents
+
+    found = [s for d in read_documents(WIKITEXT_TEST) for s in d.sentences if len(s.split()) >= 4]
+    if fixed_length is None:
+        return found[:limit]
+    # Fixed length: cut or repeat sentences to exactly `fixed_length` word pieces (specials included).
+    out = []
+    for text in found:
+        ids = tokenizer.tokenize_words([text])[0]
+        while len(ids) < fixed_length - 2:
+            ids = ids + ids
+        out.append(tokenizer.decode(ids[: fixed_length - 2]))
+        if len(out) == limit:
+            break
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], url: str) -> subprocess.Popen:
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{command} exited: {process.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"{command} did not become healthy")
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int]):
+    latencies: list[float] = []
+    sequences = tokens = 0
+    stop_at = time.perf_counter() + duration
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        async def worker(offset: int):
+            nonlocal sequences, tokens
+            i = offset
+            while time.perf_counter() < stop_at:
+                text = texts[i % len(texts)]
+                i += concurrency
+                started = time.perf_counter()
+                response = await client.post("/encode", json={"inputs": text, "pooling": "mean", "truncate": True})
+                if response.status_code != 200:
+                    raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
+                latencies.append(time.perf_counter() - started)
+                sequences += 1
+                tokens += token_counts[text]
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        seconds = time.perf_counter() - started
+    return latencies, sequences, tokens, seconds
+
+
+def measure_http(system: str, url: str, texts, concurrency: int, duration: float, token_counts) -> Row:
+    before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
+    asyncio.run(drive(url, texts[:64], concurrency, min(2.0, duration / 3), token_counts))  # warm-up
+    before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
+    latencies, sequences, tokens, seconds = asyncio.run(drive(url, texts, concurrency, duration, token_counts))
+    row = Row(system, concurrency, len(latencies), seconds, len(latencies) / seconds, sequences / seconds,
+              tokens / seconds, *(float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99)))
+    if system.startswith("service"):
+        after = httpx.get(url + "/metrics").text
+        batches = metric(after, "bert_batch_sequences_count") - metric(before, "bert_batch_sequences_count")
+        items = metric(after, "bert_items_computed_total") - metric(before, "bert_items_computed_total")
+        real = metric(after, "bert_tokens_real_total") - metric(before, "bert_tokens_real_total")
+        padded = metric(after, "bert_tokens_padded_total") - metric(before, "bert_tokens_padded_total")
+        row.mean_batch = items / batches if batches else None
+        row.padding = 1 - real / padded if padded else None
+    return row
+
+
+def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, int]:
+    """The engine alone on pre-tokenized, length-sorted batches; the best batch size wins."""
+    from model import load_checkpoint
+    from service.engine import Engine, Item, pick_device, pick_dtype
+
+    ckpt = load_checkpoint(checkpoint)
+    device = pick_device("auto")
+    engine = Engine(ckpt.model, ckpt.tokenizer.pad_id, device, pick_dtype("auto", device))
+    encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
+    items = sorted((Item(e.ids, e.type_ids, "encode", pooling="mean") for e in encoded), key=len)
+    best = None
+    for batch_size in (8, 16, 32, 64, 128):
+        batches = [engine.collate(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
+        engine.run(batches[len(batches) // 2])  # warm-up
+        done_sequences = done_tokens = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < duration / 5:
+            for batch in batches:
+                engine.run(batch)
+                done_sequences += len(batch.items)
+                done_tokens += batch.real_tokens
+                if time.perf_counter() - started >= duration / 5:
+                    break
+        seconds = time.perf_counter() - started
+        row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds, done_sequences / seconds,
+                  done_tokens / seconds, 0, 0, 0, mean_batch=batch_size,
+                  padding=1 - sum(b.real_tokens for b in batches) / sum(b.padded_tokens for b in batches))
+        if best is None or row.sequences_per_s > best.sequences_per_s:
+            best = row
+    return best, best.mean_batch
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikitext2")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per row")
+    parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument("--fixed-length", type=int, default=None, help="word pieces per input (default: mixed)")
+    parser.add_argument("--systems", nargs="+", default=["service", "service-nobatch", "naive"],
+                        choices=["service", "service-nobatch", "naive"])
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+
+    from model import load_checkpoint
+
+    tokenizer = load_checkpoint(args.checkpoint).tokenizer
+    texts = sentences(args.sentences, args.fixed_length, tokenizer)
+    token_counts = {t: len(e.ids) for t, e in zip(texts, tokenizer.encode_batch(texts, truncate=True))}
+    lengths = list(token_counts.values())
+    print(f"# {len(texts)} inputs, tokens per input: mean {np.mean(lengths):.1f}, min {min(lengths)}, max {max(lengths)}")
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"device {'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
+
+    limit, best_batch = measure_limit(args.checkpoint, texts, args.duration)
+    rows = [limit]
+    servers = {
+        "service": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint)],
+        "service-nobatch": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint), "--max-batch-size", "1"],
+        "naive": [sys.executable, "-m", "bench.naive_peer", str(args.checkpoint)],
+    }
+    for system in args.systems:
+        port = free_port()
+        command = servers[system] + (["--port", str(port)] if system != "naive" else [str(port)])
+        url = f"http://127.0.0.1:{port}"
+        process = start(command, url)
+        try:
+            for concurrency in args.concurrency:
+                row = measure_http(system, url, texts, concurrency, args.duration, token_counts)
+                row.vs_limit = row.sequences_per_s / limit.sequences_per_s
+                rows.append(row)
+                print(f"  {system:16s} c={concurrency:<4d} {row.sequences_per_s:8.1f} seq/s  p50 {row.p50_ms:7.1f} ms",
+                      file=sys.stderr)
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    print(table(rows, best_batch))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+def table(rows: list[Row], best_batch) -> str:
+    head = ("| system | concurrency | req/s | seq/s | tokens/s | p50 ms | p95 ms | p99 ms | mean batch | padding | "
+            "vs limit |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+        conc = f"– (batch {best_batch})" if r.concurrency == 0 else str(r.concurrency)
+        lines.append(f"| {r.system} | {conc} | {r.requests_per_s:.1f} | {r.sequences_per_s:.1f} | {r.tokens_per_s:,.0f} | "
+                     f"{fmt(r.p50_ms or None, '.1f')} | {fmt(r.p95_ms or None, '.1f')} | {fmt(r.p99_ms or None, '.1f')} | "
+                     f"{fmt(r.mean_batch, '.1f')} | {fmt(r.padding, '.1%')} | {fmt(r.vs_limit, '.2f')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

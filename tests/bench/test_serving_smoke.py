@@ -1,0 +1,28 @@
+"""A quick run of the serving benchmark on a tiny checkpoint, so the harness cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO_ROOT
+
+
+def test_serving_benchmark_runs_every_system(tiny_checkpoint, tmp_path):
+    out = tmp_path / "rows.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.serving", "--checkpoint", str(tiny_checkpoint), "--concurrency", "1", "4",
+         "--duration", "1", "--sentences", "60", "--json", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    systems = [(r["system"], r["concurrency"]) for r in rows]
+    assert systems == [("limit (in-process)", 0), ("service", 1), ("service", 4), ("service-nobatch", 1),
+                       ("service-nobatch", 4), ("naive", 1), ("naive", 4)]
+    for row in rows:
+        assert row["requests"] > 0 and row["sequences_per_s"] > 0 and row["tokens_per_s"] > 0
+    service = [r for r in rows if r["system"] == "service"]
+    assert all(r["mean_batch"] >= 1 and 0 <= r["padding"] < 1 and r["vs_limit"] > 0 for r in service)
+    assert "| system | concurrency |" in result.stdout
