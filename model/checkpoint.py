@@ -125,6 +125,7 @@ def _weights_to_save(model: BertForPreTraining, dtype: torch.dtype | None) -> di
 def _fsync_tree(directory: Path) -> None:
     for path in directory.iterdir():
         if path.is_file():
+            path.chmod(0o644)  # readable by the unprivileged user a container serves as
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
     fd = os.open(directory, os.O_RDONLY)

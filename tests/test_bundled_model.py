@@ -1,0 +1,31 @@
+"""The bundled default model: small, half precision, servable, and its card tells the truth."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors import safe_open
+
+from model import load_checkpoint
+from service.settings import DEFAULT_CHECKPOINT
+
+
+def test_bundled_model_is_compact_half_precision_and_loads():
+    weights = DEFAULT_CHECKPOINT / "model.safetensors"
+    assert weights.stat().st_size < 40 * 1024 * 1024
+    with safe_open(str(weights), "pt") as handle:
+        assert {handle.get_tensor(k).dtype for k in handle.keys()} == {torch.float16}
+    checkpoint = load_checkpoint(DEFAULT_CHECKPOINT)
+    assert checkpoint.model.has_mlm_head and checkpoint.model.has_nsp_head
+    assert checkpoint.config.num_hidden_layers == 4 and checkpoint.config.hidden_size == 256  # the mini preset
+
+
+def test_model_card_reports_the_measured_metrics_and_attribution():
+    metadata = json.loads((DEFAULT_CHECKPOINT / "training_metadata.json").read_text())
+    card = (DEFAULT_CHECKPOINT / "README.md").read_text()
+    evaluation = metadata["eval"]
+    assert f"| masked-token accuracy | {evaluation['mlm_accuracy']:.1%} |" in card
+    assert f"| next-sentence accuracy | {evaluation['nsp_accuracy']:.1%} |" in card
+    assert "wiki.valid.tokens" in metadata["data"]["train"] and "wiki.test.tokens" in metadata["data"]["eval"]
+    assert "Creative Commons Attribution-ShareAlike" in card and "python -m trainer" in card
