@@ -138,7 +138,7 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
     return row
 
 
-def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, int]:
+def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, int, float]:
     """The engine alone on pre-tokenized, length-sorted batches; the best batch size wins."""
     from model import load_checkpoint
     from service.engine import Engine, Item, pick_device, pick_dtype
@@ -148,6 +148,14 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
     engine = Engine(ckpt.model, ckpt.tokenizer.pad_id, device, pick_dtype("auto", device))
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
     items = sorted((Item(e.ids, e.type_ids, "encode", pooling="mean") for e in encoded), key=len)
+    # One forward pass of one input (the floor for latency at concurrency 1), over inputs of every length.
+    singles = []
+    for item in items[:: max(1, len(items) // 100)]:
+        batch = engine.collate([item])
+        started = time.perf_counter()
+        engine.run(batch)
+        singles.append(time.perf_counter() - started)
+    single_ms = float(np.median(singles)) * 1000
     best = None
     for batch_size in (8, 16, 32, 64, 128):
         batches = [engine.collate(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
@@ -167,7 +175,7 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
                   padding=1 - sum(b.real_tokens for b in batches) / sum(b.padded_tokens for b in batches))
         if best is None or row.sequences_per_s > best.sequences_per_s:
             best = row
-    return best, best.mean_batch
+    return best, best.mean_batch, single_ms
 
 
 def main(argv=None) -> int:
@@ -192,7 +200,8 @@ def main(argv=None) -> int:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"device {'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
 
-    limit, best_batch = measure_limit(args.checkpoint, texts, args.duration)
+    limit, best_batch, single_ms = measure_limit(args.checkpoint, texts, args.duration)
+    print(f"# one forward pass of one input (median over lengths): {single_ms:.2f} ms")
     rows = [limit]
     servers = {
         "service": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint)],

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 
 from model.bert import BertForPreTraining
 from model.config import BertConfig, ConfigError
+from model.files import read_json_object
 from model.tokenizer import TokenizerError, WordPieceTokenizer
 
 CONFIG_FILE = "config.json"
@@ -159,10 +160,7 @@ def load_config(directory: Path) -> BertConfig:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(f"{directory}: no {CONFIG_FILE} (files found: {_listing(directory)})")
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    values = read_json_object(path, CheckpointError, missing_ok=False)
     try:
         return BertConfig.from_dict(values)
     except (ConfigError, TypeError) as exc:
@@ -266,16 +264,7 @@ def load_checkpoint(
 
 
 def read_metadata(directory: Path) -> dict[str, Any]:
-    path = directory / METADATA_FILE
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return value
+    return read_json_object(directory / METADATA_FILE, CheckpointError)
 
 
 def _listing(directory: Path) -> str:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from model.files import read_json_object
+
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 # WikiText replaces rare words with this marker; it must read as one [UNK], not `<`, `unk`, `>`.
@@ -114,7 +116,7 @@ class WordPieceTokenizer:
         `max_length_cap` (the model's position count) bounds `model_max_length` from the config.
         """
         directory = Path(directory)
-        settings = _read_tokenizer_config(directory)
+        settings = read_json_object(directory / "tokenizer_config.json", TokenizerError)
         lowercase = bool(settings.get("do_lower_case", True))
         max_len = settings.get("model_max_length", 512)
         # transformers writes a huge sentinel when no limit is known
@@ -210,19 +212,6 @@ def _to_encoded(e: Encoding) -> EncodedText:
     return EncodedText(
         ids=e.ids, type_ids=e.type_ids, tokens=e.tokens, offsets=e.offsets, truncated=bool(e.overflowing)
     )
-
-
-def _read_tokenizer_config(directory: Path) -> dict:
-    path = directory / "tokenizer_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise TokenizerError(f"{path}: expected a JSON object")
-    return value
 
 
 def _require_wordpiece(backend: Tokenizer, path: Path) -> Tokenizer:
