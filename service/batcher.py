@@ -58,13 +58,14 @@ def _resolve(future: asyncio.Future, value=None, error: BaseException | None = N
 
 class Batcher:
     def __init__(self, engine: Engine, metrics: Metrics, max_batch_tokens: int, max_batch_size: int,
-                 max_wait_ms: float, max_queue_items: int):
+                 max_wait_ms: float, max_queue_items: int, max_padding_fraction: float = 1.0):
         self.engine = engine
         self.metrics = metrics
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue_items = max_queue_items
+        self.max_padding_fraction = max_padding_fraction
         self._queue: deque[Entry] = deque()
         self._cond = threading.Condition()
         self._prepared: tuple[list[Entry], Batch] | None = None  # the one batch ready ahead
@@ -173,32 +174,37 @@ class Batcher:
             self.metrics.queue_depth.set(len(alive))
 
     def _select(self) -> list[Entry]:
-        """The oldest entry plus neighbours in length order, while padded tokens fit the budget.
+        """The oldest entry plus neighbours in length order, while the batch stays within the token
+        budget, the sequence cap and the padding cap.
 
-        Growing towards shorter entries adds their own padding; growing towards longer ones pads
-        everything already chosen. Each step takes the cheaper side.
+        Each step takes the side (shorter or longer neighbour) that adds less padding. Entries left out
+        go into the next batch, which is prepared while this one runs.
         """
         by_length = sorted(self._queue, key=lambda e: e.length)
         anchor = by_length.index(self._queue[0])
         lo, hi = anchor, anchor + 1  # chosen = by_length[lo:hi]
-        longest = by_length[anchor].length
+        longest, real = by_length[anchor].length, by_length[anchor].length
+
+        def fits(new_longest: int, new_real: int, count: int) -> bool:
+            padded = new_longest * count
+            return padded <= self.max_batch_tokens and 1 - new_real / padded <= self.max_padding_fraction
+
         while hi - lo < self.max_batch_size:
-            count = hi - lo
+            count = hi - lo + 1
             options = []
-            if lo > 0:
-                options.append((longest - by_length[lo - 1].length, "left"))
-            if hi < len(by_length):
-                grow = by_length[hi].length - longest
-                if by_length[hi].length * (count + 1) <= self.max_batch_tokens:
-                    options.append((grow * count, "right"))
-            options = [o for o in options if o[1] == "right" or longest * (count + 1) <= self.max_batch_tokens]
+            if lo > 0 and fits(longest, real + by_length[lo - 1].length, count):
+                options.append((longest - by_length[lo - 1].length, "shorter"))
+            if hi < len(by_length) and fits(by_length[hi].length, real + by_length[hi].length, count):
+                options.append(((by_length[hi].length - longest) * (count - 1), "longer"))
             if not options:
                 break
             _, side = min(options)
-            if side == "left":
+            if side == "shorter":
                 lo -= 1
+                real += by_length[lo].length
             else:
                 longest = by_length[hi].length
+                real += longest
                 hi += 1
         chosen = by_length[lo:hi]
         chosen_ids = {id(e) for e in chosen}

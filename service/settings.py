@@ -31,9 +31,14 @@ class Settings(BaseSettings):
         "saturates, and raise the latency of every item in them."))
     max_batch_size: int = Field(64, ge=1, description=(
         "Most sequences in one forward pass; 1 turns batching off (the benchmark baseline)."))
-    max_wait_ms: float = Field(2.0, ge=0, description=(
-        "How long an idle device waits for more items before running a short queue. Adds at most this much "
-        "latency at low load; 0 runs whatever is queued at once."))
+    max_wait_ms: float = Field(0.0, ge=0, description=(
+        "How long an idle device waits for more items before running a short queue. 0 (default) runs at once: "
+        "under load, batches fill by themselves while the device is busy; a few ms can enlarge batches of "
+        "bursty low-concurrency traffic at the cost of that much latency."))
+    max_padding_fraction: float = Field(0.15, gt=0, le=1, description=(
+        "Largest share of padding in a batch: inputs of very different lengths go to separate batches. Lower "
+        "wastes less compute (CPU time grows with padded tokens); higher makes fewer, bigger batches (GPUs "
+        "favour that). 1 turns the cap off."))
     max_queue_items: int = Field(4096, ge=1, description=(
         "Inputs allowed to wait in the queue; beyond it requests get 429 with Retry-After at once, instead of "
         "queueing without bound."))

@@ -57,7 +57,7 @@ class ServiceState:
             engine.warm_up(t.cls_id, t.sep_id, t.mask_id)
         self.checkpoint, self.engine = checkpoint, engine
         self.batcher = Batcher(engine, self.metrics, s.max_batch_tokens, s.max_batch_size, s.max_wait_ms,
-                               s.max_queue_items)
+                               s.max_queue_items, s.max_padding_fraction)
         self.batcher.start()
         self.ready = True
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, str(dtype).removeprefix("torch."),

@@ -1,0 +1,47 @@
+"""Batch selection: anchored on the oldest input, length-aware, within every cap."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from service.batcher import Batcher, Entry, Ticket
+from service.engine import Item
+from service.metrics import Metrics
+
+
+def batcher(**caps) -> Batcher:
+    values = dict(max_batch_tokens=4096, max_batch_size=64, max_wait_ms=0, max_queue_items=1000,
+                  max_padding_fraction=0.15)
+    values.update(caps)
+    return Batcher(engine=None, metrics=Metrics(), **values)
+
+
+def queue(b: Batcher, lengths: list[int]) -> None:
+    loop = asyncio.new_event_loop()
+    ticket = Ticket(deadline=1e18)
+    b._queue = deque(Entry(Item([1] * n, [0] * n, "encode"), ticket, loop.create_future(), loop) for n in lengths)
+
+
+def test_lengths_far_apart_go_to_separate_batches():
+    b = batcher()
+    queue(b, [10, 100, 11, 98, 12, 100, 10])
+    first = sorted(e.length for e in b._select())
+    assert first == [10, 10, 11, 12]  # the oldest (10) and its neighbours; the long ones wait for the next batch
+    assert sorted(e.length for e in b._select()) == [98, 100, 100]
+    assert not b._queue
+
+
+def test_caps_on_tokens_and_sequences_hold():
+    b = batcher(max_batch_tokens=100, max_padding_fraction=1.0)
+    queue(b, [30] * 10)
+    assert len(b._select()) == 3  # 4 x 30 would exceed 100 tokens
+    b = batcher(max_batch_size=2)
+    queue(b, [30] * 10)
+    assert len(b._select()) == 2
+
+
+def test_the_oldest_input_is_always_served_first():
+    b = batcher()
+    queue(b, [500, 10, 10, 10])
+    assert [e.length for e in b._select()] == [500]
