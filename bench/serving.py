@@ -20,6 +20,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,11 +75,14 @@ def free_port() -> int:
 
 
 def start(command: list[str], url: str) -> subprocess.Popen:
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # The server's log goes to a file: an unread pipe fills up and then blocks the server mid-run.
+    log = tempfile.NamedTemporaryFile("w+", prefix="bench-server-", suffix=".log", delete=False)
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+    process.log_path = log.name
     deadline = time.time() + 120
     while time.time() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{command} exited: {process.stderr.read()[-2000:]}")
+            raise RuntimeError(f"{command} exited: {Path(log.name).read_text()[-2000:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return process
@@ -108,7 +112,7 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
                 i += concurrency
                 started = time.perf_counter()
                 response = await client.post("/encode", json={"inputs": text, "pooling": "mean", "truncate": True})
-                if response.status_code != 200:
+                if response.status_code != 200:  # the benchmark counts only full answers; any error stops it
                     raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
                 latencies.append(time.perf_counter() - started)
                 sequences += 1
@@ -220,6 +224,9 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"  {system:16s} c={concurrency:<4d} {row.sequences_per_s:8.1f} seq/s  p50 {row.p50_ms:7.1f} ms",
                       file=sys.stderr)
+        except Exception:
+            print(f"{system} failed; its log: {process.log_path}", file=sys.stderr)
+            raise
         finally:
             process.terminate()
             process.wait(timeout=60)
