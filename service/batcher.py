@@ -19,6 +19,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from service.engine import Batch, Engine, Item, ItemResult, is_out_of_memory
 from service.errors import ServiceError
 from service.metrics import Metrics
@@ -290,8 +292,6 @@ class Batcher:
 
 
 def _free_device_cache(engine: Engine) -> None:
-    import torch
-
     if engine.device.type == "cuda":
         torch.cuda.empty_cache()
 

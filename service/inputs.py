@@ -84,8 +84,8 @@ def fill_mask_items(tokenizer: WordPieceTokenizer, inputs, top_k: int, targets: 
         if not positions:
             raise ServiceError("validation", f"inputs[{index}] has no {MASK} token"
                                              + (" left after truncation" if truncate and MASK in texts[index] else ""))
-        items.append(Item(e.ids, e.type_ids, "fill_mask", top_k=min(top_k, len(target_ids or [0] * top_k)),
-                          target_ids=target_ids, mask_positions=positions))
+        k = top_k if target_ids is None else min(top_k, len(target_ids))  # as the HF pipeline does
+        items.append(Item(e.ids, e.type_ids, "fill_mask", top_k=k, target_ids=target_ids, mask_positions=positions))
         ids.append(e.ids)
     return items, ids
 

@@ -123,7 +123,8 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
 
     resume = newest_good(output) if options.resume else None
     if options.resume:
-        clean_partial_saves(output) if is_writer else None
+        if is_writer:
+            clean_partial_saves(output)
         if resume is None:
             log.warning("--resume: no usable checkpoint under %s/checkpoints; starting from scratch", output)
 
