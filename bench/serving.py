@@ -17,10 +17,7 @@ import json
 import os
 import platform
 import re
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +25,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
+
+from bench.server_process import free_port, start
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT_TEST = Path(os.environ.get("BERT_WIKITEXT_DIR", REPO_ROOT.parent / "shared/data/wikitext-2")) / "wiki.test.tokens"
@@ -66,31 +65,6 @@ def sentences(limit: int, fixed_length: int | None, tokenizer) -> list[str]:
         if len(out) == limit:
             break
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(command: list[str], url: str) -> subprocess.Popen:
-    # The server's log goes to a file: an unread pipe fills up and then blocks the server mid-run.
-    log = tempfile.NamedTemporaryFile("w+", prefix="bench-server-", suffix=".log", delete=False)
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
-    process.log_path = log.name
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{command} exited: {Path(log.name).read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"{command} did not become healthy")
 
 
 def metric(text: str, name: str) -> float:

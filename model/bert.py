@@ -249,8 +249,11 @@ class BertForPreTraining(nn.Module):
         return self.cls.seq_relationship is not None
 
     def tie_weights(self) -> None:
-        if self.cls.predictions is not None:
-            self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+        """The decoder shares the word embeddings and the head's bias (also after loading replaces them)."""
+        head = self.cls.predictions
+        if head is not None:
+            head.decoder.weight = self.bert.embeddings.word_embeddings.weight
+            head.decoder.bias = head.bias
 
     def _init_weights(self, module: nn.Module) -> None:
         # Same scheme as the reference implementation: N(0, initializer_range), zero biases.

@@ -222,12 +222,14 @@ def load_checkpoint(
         tensors.pop(name, None)
 
     weights_path = directory / WEIGHTS_FILE
-    model = BertForPreTraining(
-        config,
-        with_pooler="bert.pooler.dense.weight" in tensors,
-        with_mlm=any(name.startswith("cls.predictions.") for name in tensors),
-        with_nsp="cls.seq_relationship.weight" in tensors and "bert.pooler.dense.weight" in tensors,
-    )
+    # Built on the meta device: random initialisation would be overwritten anyway (2 s for base).
+    with torch.device("meta"):
+        model = BertForPreTraining(
+            config,
+            with_pooler="bert.pooler.dense.weight" in tensors,
+            with_mlm=any(name.startswith("cls.predictions.") for name in tensors),
+            with_nsp="cls.seq_relationship.weight" in tensors and "bert.pooler.dense.weight" in tensors,
+        )
     expected = {name: p for name, p in model.state_dict().items() if name not in TIED_KEYS}
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -246,7 +248,7 @@ def load_checkpoint(
             raise CheckpointError(f"{weights_path}: tensor {name} has dtype {tensor.dtype}; expected a float type")
         if not torch.isfinite(tensor).all():
             raise CheckpointError(f"{weights_path}: tensor {name} holds NaN or infinite values")
-    model.load_state_dict({n: t.float() for n, t in tensors.items()}, strict=False)
+    model.load_state_dict({n: t.float() for n, t in tensors.items()}, strict=False, assign=True)
     model.tie_weights()
     model.to(device=device, dtype=dtype or torch.float32)
     model.eval()

@@ -35,7 +35,7 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started = time.perf_counter()
-        route = scope["path"] if scope["path"] in ROUTES else "other"
+        route = route_label(scope["path"])
         status_holder = {}
         self.state.accepted += 1
 
@@ -48,11 +48,10 @@ class RequestGuard:
 
         try:
             if scope["method"] == "POST":
-                rejected = self._check_content_type(scope)
+                rejected = self._refuse_by_headers(scope)
                 body = None if rejected else await self._read_body(receive)
                 if rejected or body is None:
-                    kind, message = rejected or ("payload_too_large", f"the request body is larger than "
-                                                 f"{self.state.settings.max_body_bytes} bytes")
+                    kind, message = rejected or self._too_large()
                     self.state.metrics.failures.labels(route, kind).inc()
                     return await error_response(kind, message)(scope, receive, send_and_count)
                 receive = _replay(body, receive)
@@ -62,7 +61,11 @@ class RequestGuard:
             self.state.metrics.requests.labels(route, str(status)).inc()
             self.state.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
 
-    def _check_content_type(self, scope) -> tuple[str, str] | None:
+    def _too_large(self) -> tuple[str, str]:
+        return "payload_too_large", f"the request body is larger than {self.state.settings.max_body_bytes} bytes"
+
+    def _refuse_by_headers(self, scope) -> tuple[str, str] | None:
+        """Content type other than JSON, or a declared length over the limit: refused before reading."""
         headers = dict(scope["headers"])
         content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
         if content_type != b"application/json" and not content_type.endswith(b"+json"):
@@ -70,7 +73,7 @@ class RequestGuard:
             return "unsupported_media_type", f"content-type must be application/json (got {shown})"
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.state.settings.max_body_bytes:
-            return "payload_too_large", f"the request body is larger than {self.state.settings.max_body_bytes} bytes"
+            return self._too_large()
         return None
 
     async def _read_body(self, receive) -> bytes | None:
@@ -106,6 +109,11 @@ def _replay(body: bytes, receive):
 ROUTES = {"/encode", "/fill-mask", "/nsp", "/health", "/info", "/metrics"}
 
 
+def route_label(path: str) -> str:
+    """Metrics label: the route, or "other" (unknown paths must not create unbounded label values)."""
+    return path if path in ROUTES else "other"
+
+
 def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI:
     """The service as an ASGI app. `engine_factory(model, pad_id, device, dtype)` replaces the engine
     (tests inject faults through it)."""
@@ -138,7 +146,7 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
     app.state.service = state
     app.state.on_load_failure = None
     install_error_handlers(app, on_error=lambda kind, request: state.metrics.failures.labels(
-        request.url.path if request.url.path in ROUTES else "other", kind).inc())
+        route_label(request.url.path), kind).inc())
     app.include_router(public)
     app.include_router(api)
     app.add_middleware(RequestGuard, state=state)

@@ -19,8 +19,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from service.engine import Batch, Engine, Item, ItemResult, is_out_of_memory
 from service.errors import ServiceError
 from service.metrics import Metrics
@@ -73,6 +71,7 @@ class Batcher:
         self._prepared: tuple[list[Entry], Batch] | None = None  # the one batch ready ahead
         self._running = False  # the runner is inside engine.run
         self._stopping = False
+        self._packer_finished = False  # set by the packer once stopping and the queue is empty
         self._threads: list[threading.Thread] = []
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
 
@@ -120,10 +119,12 @@ class Batcher:
             with self._cond:
                 chosen = self._wait_and_select()
                 if chosen is None:
+                    self._packer_finished = True
+                    self._cond.notify_all()
                     return
             try:
                 batch = self.engine.collate([e.item for e in chosen])
-            except Exception as exc:  # noqa: BLE001 - a bad batch fails its own entries only
+            except Exception:  # noqa: BLE001 - a bad batch fails its own entries only
                 log.exception("collate failed")
                 self._fail(chosen, ServiceError("internal", "internal error while preparing the batch"))
                 continue
@@ -161,14 +162,10 @@ class Batcher:
         alive: deque[Entry] = deque()
         for entry in self._queue:
             if entry.ticket.cancelled:
-                self.metrics.items_dropped.labels("disconnected").inc()
-                entry.loop.call_soon_threadsafe(_resolve, entry.future, None,
-                                                ServiceError("unavailable", "client disconnected"))
+                self._drop(entry, "disconnected", ServiceError("unavailable", "client disconnected"))
             elif now > entry.ticket.deadline:
-                self.metrics.items_dropped.labels("deadline").inc()
-                entry.loop.call_soon_threadsafe(
-                    _resolve, entry.future, None,
-                    ServiceError("unavailable", "the request waited in the queue past its deadline", retry_after_s=1))
+                self._drop(entry, "deadline", ServiceError(
+                    "unavailable", "the request waited in the queue past its deadline", retry_after_s=1))
             else:
                 alive.append(entry)
         if len(alive) != len(self._queue):
@@ -219,8 +216,8 @@ class Batcher:
     def _run_loop(self) -> None:
         while True:
             with self._cond:
-                while self._prepared is None and not (self._stopping and not self._queue and self._packer_done()):
-                    self._cond.wait(0.1)
+                while self._prepared is None and not self._packer_finished:
+                    self._cond.wait()
                 if self._prepared is None:
                     return
                 chosen, batch = self._prepared
@@ -234,17 +231,12 @@ class Batcher:
                     self._running = False
                     self._cond.notify_all()
 
-    def _packer_done(self) -> bool:
-        return bool(self._threads) and not self._threads[0].is_alive()
-
     def _run_batch(self, chosen: list[Entry], batch: Batch) -> None:
         alive = [e for e in chosen if not e.ticket.cancelled]
         if len(alive) != len(chosen):  # a client left while its batch waited: do not compute it
             for entry in chosen:
                 if entry.ticket.cancelled:
-                    self.metrics.items_dropped.labels("disconnected").inc()
-                    entry.loop.call_soon_threadsafe(_resolve, entry.future, None,
-                                                    ServiceError("unavailable", "client disconnected"))
+                    self._drop(entry, "disconnected", ServiceError("unavailable", "client disconnected"))
             if not alive:
                 return
             batch = self.engine.collate([e.item for e in alive])
@@ -261,7 +253,7 @@ class Batcher:
             if is_out_of_memory(exc) and len(entries) > 1:
                 self.metrics.batch_splits.inc()
                 log.warning("out of memory on a batch of %d; splitting it", len(entries))
-                _free_device_cache(self.engine)
+                self.engine.release_cached_memory()
                 half = len(entries) // 2
                 for part in (entries[:half], entries[half:]):
                     self._run_splitting(part, self.engine.collate([e.item for e in part]))
@@ -290,10 +282,10 @@ class Batcher:
         for entry in entries:
             entry.loop.call_soon_threadsafe(_resolve, entry.future, None, error)
 
-
-def _free_device_cache(engine: Engine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.empty_cache()
+    def _drop(self, entry: Entry, reason: str, error: ServiceError) -> None:
+        """Answer an entry that will not be computed, and count why."""
+        self.metrics.items_dropped.labels(reason).inc()
+        self._fail([entry], error)
 
 
 __all__ = ["Batcher", "Entry", "ItemResult", "Ticket"]

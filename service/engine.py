@@ -139,20 +139,22 @@ class Engine:
             return
         index = torch.tensor(rows, device=hidden.device)
         selected = hidden.index_select(0, index).float()  # (R, T, H)
-        lengths = mask.index_select(0, index)
-        pooled_cls = selected[:, 0]
-        pooled_mean = (selected * lengths[..., None]).sum(1) / lengths.sum(1, keepdim=True)
-        normalized_tokens = F.normalize(selected, dim=-1)
-        outputs = {
-            "none": (selected, normalized_tokens),
-            "cls": (pooled_cls, F.normalize(pooled_cls, dim=-1)),
-            "mean": (pooled_mean, F.normalize(pooled_mean, dim=-1)),
-        }
-        host = {key: (plain.cpu().numpy(), unit.cpu().numpy()) for key, (plain, unit) in outputs.items()
-                if any(batch.items[r].pooling == key for r in rows)}
+
+        def vectors(pooling: str, normalize: bool) -> np.ndarray:
+            if pooling == "cls":
+                values = selected[:, 0]  # (R, H)
+            elif pooling == "mean":
+                lengths = mask.index_select(0, index)[..., None]  # (R, T, 1)
+                values = (selected * lengths).sum(1) / lengths.sum(1)  # (R, H)
+            else:
+                values = selected  # (R, T, H)
+            return (F.normalize(values, dim=-1) if normalize else values).cpu().numpy()
+
+        # Only the variants some item asked for are computed and copied to the host.
+        host = {variant: vectors(*variant) for variant in {(batch.items[r].pooling, batch.items[r].normalize) for r in rows}}
         for slot, row in enumerate(rows):
             item = batch.items[row]
-            values = host[item.pooling][1 if item.normalize else 0][slot]
+            values = host[(item.pooling, item.normalize)][slot]
             results[row].vectors = values[: len(item)] if item.pooling == "none" else values
 
     def _fill_mask_outputs(self, batch: Batch, hidden: torch.Tensor, results: list[ItemResult]) -> None:
@@ -191,6 +193,11 @@ class Engine:
         logits = self.model.cls.seq_relationship(self.model.bert.pooler(cls_vectors)).float().cpu().numpy()
         for slot, row in enumerate(rows):
             results[row].nsp_logits = logits[slot]
+
+    def release_cached_memory(self) -> None:
+        """Give the allocator's cached blocks back after an out-of-memory error, before retrying smaller."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def warm_up(self, cls_id: int, sep_id: int, mask_id: int) -> None:
         """One batch through every head, so the first client request pays no first-call costs."""

@@ -151,7 +151,7 @@ def get_state(request: Request) -> ServiceState:
     return request.app.state.service
 
 
-def _check_key(request: Request) -> None:
+def require_api_key(request: Request) -> None:
     key = request.app.state.service.settings.api_key
     if key is None:
         return
@@ -161,10 +161,6 @@ def _check_key(request: Request) -> None:
         raise ServiceError("unauthorized", "missing or wrong API key; send 'Authorization: Bearer <key>'")
 
 
-def require_api_key(request: Request) -> None:
-    _check_key(request)
-
-
 def require_metrics_key(request: Request) -> None:
     if request.app.state.service.settings.metrics_require_key:
-        _check_key(request)
+        require_api_key(request)

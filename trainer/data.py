@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +38,8 @@ def prepare(options: TrainOptions, tokenizer: WordPieceTokenizer | None = None) 
     train_path, eval_path = resolve_paths(options)
     train_files = corpus_files(train_path)
     corpus_sum = checksum(train_files)
-    documents = None
-
-    def train_documents():
-        nonlocal documents
-        if documents is None:
-            documents = read_documents(train_path)
-        return documents
+    # Read (and sentence-split) at most once, and only if the tokenizer or the token cache needs it.
+    train_documents = functools.cache(lambda: read_documents(train_path))
 
     if tokenizer is None and options.init_from is not None:
         tokenizer = load_checkpoint(options.init_from).tokenizer

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from model.bert import BertForPreTraining
 from model.tokenizer import WordPieceTokenizer
 from trainer.examples import PairBatch, TokenizedCorpus, build_pairs, collate
-from trainer.masking import MaskedBatch, mask_tokens
+from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
 
 EVAL_PAIR_SEED = 20181011  # BERT's arXiv date; any fixed value works
 EVAL_MASK_SEED = 4242
@@ -25,12 +25,6 @@ EVAL_MASK_SEED = 4242
 @dataclass
 class EvalSet:
     batches: list[tuple[PairBatch, MaskedBatch]]
-
-
-def replaceable_ids(tokenizer: WordPieceTokenizer, vocab_size: int) -> torch.Tensor:
-    """Token ids a masked position may be replaced with at random: anything but the specials."""
-    ids = torch.arange(vocab_size)
-    return ids[~torch.isin(ids, torch.tensor(sorted(tokenizer.special_ids)))]
 
 
 def build_eval_set(corpus: TokenizedCorpus, tokenizer: WordPieceTokenizer, vocab_size: int, max_seq_len: int,

@@ -30,9 +30,9 @@ from model.bert import BertForPreTraining, model_flops_per_token
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.config import BertConfig
 from trainer.data import prepare
-from trainer.evaluate import build_eval_set, evaluate, replaceable_ids
+from trainer.evaluate import build_eval_set, evaluate
 from trainer.examples import PairBatch, build_pairs, collate
-from trainer.masking import mask_tokens
+from trainer.masking import mask_tokens, replaceable_ids
 from trainer.options import TrainOptions
 from trainer.plot import plot_metrics
 from trainer.state import Progress, clean_partial_saves, newest_good, prune, state_writer
@@ -136,19 +136,8 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     if not is_writer:
         data = prepare(options, tokenizer=resume.checkpoint.tokenizer if resume else None)
 
-    torch.manual_seed(options.seed)
-    if resume is not None:
-        model = resume.checkpoint.model
-    elif options.init_from is not None:
-        model = load_checkpoint(options.init_from).model
-        if not (model.has_mlm_head and model.has_nsp_head):
-            raise ValueError(f"--init-from {options.init_from}: the checkpoint lacks the MLM or NSP head")
-    else:
-        overrides = {"vocab_size": data.tokenizer.vocab_size, "max_position_embeddings": max(512, options.max_seq_len),
-                     "pad_token_id": data.tokenizer.pad_id}
-        if options.dropout is not None:
-            overrides.update(hidden_dropout_prob=options.dropout, attention_probs_dropout_prob=options.dropout)
-        model = BertForPreTraining(BertConfig.preset(options.preset, **overrides))
+    torch.manual_seed(options.seed)  # initial weights
+    model = _build_model(options, data, resume)
     config = model.config
     model.to(device).train()
     optimizer = _optimizer(model, options, device)
@@ -260,6 +249,22 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     if world > 1:
         dist.barrier()
     return output
+
+
+def _build_model(options: TrainOptions, data, resume) -> BertForPreTraining:
+    """The resumed model, the --init-from one, or a new model of the preset sized to the tokenizer."""
+    if resume is not None:
+        return resume.checkpoint.model
+    if options.init_from is not None:
+        model = load_checkpoint(options.init_from).model
+        if not (model.has_mlm_head and model.has_nsp_head):
+            raise ValueError(f"--init-from {options.init_from}: the checkpoint lacks the MLM or NSP head")
+        return model
+    overrides = {"vocab_size": data.tokenizer.vocab_size, "max_position_embeddings": max(512, options.max_seq_len),
+                 "pad_token_id": data.tokenizer.pad_id}
+    if options.dropout is not None:
+        overrides.update(hidden_dropout_prob=options.dropout, attention_probs_dropout_prob=options.dropout)
+    return BertForPreTraining(BertConfig.preset(options.preset, **overrides))
 
 
 def _step(step_model, wrapped, optimizer, batch: PairBatch, masked, options: TrainOptions, rank: int, world: int,

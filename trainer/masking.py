@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from model.tokenizer import WordPieceTokenizer
+
 
 @dataclass
 class MaskedBatch:
@@ -19,7 +21,7 @@ def mask_tokens(
     special_mask: torch.Tensor,
     generator: torch.Generator,
     mask_id: int,
-    replaceable_ids: torch.Tensor,
+    replacement_pool: torch.Tensor,
     rate: float = 0.15,
 ) -> MaskedBatch:
     """Choose round(rate x real tokens) positions per sequence (at least one), never a special
@@ -36,9 +38,15 @@ def mask_tokens(
 
     labels = input_ids[positions]
     action = torch.rand(labels.shape, generator=generator)
-    random_tokens = replaceable_ids[torch.randint(len(replaceable_ids), labels.shape, generator=generator)]
+    random_tokens = replacement_pool[torch.randint(len(replacement_pool), labels.shape, generator=generator)]
     replaced = torch.where(action < 0.8, torch.full_like(labels, mask_id), labels)
     replaced = torch.where((action >= 0.8) & (action < 0.9), random_tokens, replaced)
     masked = input_ids.clone()
     masked[positions] = replaced
     return MaskedBatch(masked, positions, labels)
+
+
+def replaceable_ids(tokenizer: WordPieceTokenizer, vocab_size: int) -> torch.Tensor:
+    """Token ids a masked position may be replaced with at random: anything but the specials."""
+    ids = torch.arange(vocab_size)
+    return ids[~torch.isin(ids, torch.tensor(sorted(tokenizer.special_ids)))]

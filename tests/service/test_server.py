@@ -5,42 +5,21 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
+from bench.server_process import free_port, start
 from tests.conftest import REPO_ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(checkpoint, *extra: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port), *extra],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited: {process.stdout.read()}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise AssertionError("server did not become healthy within 60 s")
+    command = [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port), *extra]
+    return start(command, url, timeout_s=60), url
 
 
 @pytest.fixture
@@ -90,7 +69,7 @@ def test_sigterm_under_load_answers_every_accepted_request(server):
 
     outcomes = asyncio.run(load())
     process.wait(timeout=60)
-    output = process.stdout.read()
+    output = process.log_path.read_text()
     assert process.returncode == 0, output
     assert "Traceback" not in output
     answered = [o for o in outcomes if o != "not accepted"]

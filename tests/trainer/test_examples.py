@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from trainer.corpus import read_documents
-from trainer.evaluate import replaceable_ids
+from trainer.masking import replaceable_ids
 from trainer.examples import build_pairs, collate, tokenize
 from trainer.masking import mask_tokens
 

@@ -1,0 +1,40 @@
+"""Starting a server as a child process on loopback and waiting until /health answers 200.
+Used by the benchmarks and by the tests that need a real server."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], url: str, timeout_s: float = 120) -> subprocess.Popen:
+    """Run `command` and wait for `url`/health. Its output goes to a file (`process.log_path`): an
+    unread pipe fills up and then blocks the server mid-run."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="server-", suffix=".log", delete=False)
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+    process.log_path = Path(log.name)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{command} exited: {process.log_path.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{command} did not become healthy within {timeout_s:.0f} s")
