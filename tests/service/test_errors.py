@@ -99,19 +99,25 @@ class GatedEngine(Engine):
     """Blocks inside run() until released: lets a test fill the queue deterministically."""
 
     gate = threading.Event()
+    entered = threading.Event()
 
     def run(self, batch):
+        self.entered.set()
         self.gate.wait(30)
         return super().run(batch)
 
 
 async def test_full_queue_answers_429_with_retry_after(tiny_checkpoint):
     GatedEngine.gate.clear()
+    GatedEngine.entered.clear()
     async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_queue_items=3, max_batch_size=1,
                        warmup=False) as client:
-        # One runs (blocked), three fill the queue, and one more may already wait prepared for the device
-        # (depending on thread timing); everything beyond is refused at once, not queued.
-        pending = [asyncio.ensure_future(client.post("/encode", json={"inputs": "a b c"})) for _ in range(10)]
+        # The first request is on the device (blocked) before the rest arrive. Of the next nine, three fill the
+        # queue and one more may already wait prepared for the device (depending on thread timing); everything
+        # beyond is refused at once, not queued.
+        pending = [asyncio.ensure_future(client.post("/encode", json={"inputs": "a b c"}))]
+        assert await asyncio.to_thread(GatedEngine.entered.wait, 10)
+        pending += [asyncio.ensure_future(client.post("/encode", json={"inputs": "a b c"})) for _ in range(9)]
         try:
             await asyncio.sleep(0.5)
             refused = [p.result() for p in pending if p.done()]
@@ -127,10 +133,11 @@ async def test_full_queue_answers_429_with_retry_after(tiny_checkpoint):
 
 async def test_queue_deadline_answers_503_and_skips_compute(tiny_checkpoint):
     GatedEngine.gate.clear()
+    GatedEngine.entered.clear()
     async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_batch_size=1, queue_timeout_s=0.3,
                        warmup=False) as client:
         blockers = [asyncio.ensure_future(client.post("/encode", json={"inputs": "first"})) for _ in range(2)]
-        await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(GatedEngine.entered.wait, 10)
         late = await client.post("/encode", json={"inputs": "waits too long"})
         assert_error(late, 503, "unavailable", "deadline")
         GatedEngine.gate.set()
