@@ -37,12 +37,65 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        seq_len = input_ids.shape[1]
-        positions = torch.arange(seq_len, device=input_ids.device)
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, H); or packed (N,) ids with their (N,) `positions` -> (N, H)."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # broadcast over B
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(positions)  # broadcast over B
-        return self.dropout(self.LayerNorm(x))  # (B, T, H)
+        x = x + self.position_embeddings(positions)
+        return self.dropout(self.LayerNorm(x))
+
+
+@dataclass
+class Packing:
+    """B sequences of different lengths laid out without padding: their N real tokens back to back.
+
+    Every layer but attention works token by token, so embeddings, projections, feed-forward and
+    LayerNorm (nearly all the FLOPs of short inputs) run on the N real tokens only. Attention alone
+    needs the padded (B, T) layout: each layer scatters q/k/v into it and gathers the result back.
+    """
+
+    indices: torch.Tensor  # (N,) where each real token sits in the flattened (B*T) padded layout
+    rows: torch.Tensor  # (N,) which sequence each token belongs to
+    positions: torch.Tensor  # (N,) each token's position within its sequence
+    starts: torch.Tensor  # (B,) where each sequence starts in the packed layout (its [CLS])
+    key_mask: torch.Tensor | None  # (B, 1, 1, T) boolean SDPA mask, None when all lengths are equal
+    batch: int
+    width: int
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int]) -> Packing:
+        sizes = torch.tensor(lengths)
+        width = int(sizes.max())
+        rows = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
+        starts = torch.cumsum(sizes, 0) - sizes
+        positions = torch.arange(int(sizes.sum())) - starts[rows]
+        key_mask = None
+        if int(sizes.min()) != width:
+            key_mask = (torch.arange(width)[None, :] < sizes[:, None])[:, None, None, :]
+        return cls(rows * width + positions, rows, positions, starts, key_mask, len(lengths), width)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
+                       move(self.key_mask), self.batch, self.width)
+
+    def pad(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N, D) -> (B, T, D), zeros where there is no token."""
+        if self.key_mask is None:  # equal lengths: the packed layout is the padded one
+            return packed.view(self.batch, self.width, -1)
+        padded = packed.new_zeros(self.batch * self.width, packed.shape[-1]).index_copy(0, self.indices, packed)
+        return padded.view(self.batch, self.width, -1)
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (N, D)."""
+        if self.key_mask is None:
+            return padded.reshape(self.batch * self.width, -1)
+        return padded.reshape(self.batch * self.width, -1).index_select(0, self.indices)
+
+
+Mask = torch.Tensor | Packing | None  # a (B, 1, 1, T) key mask for padded input, a Packing for packed input
 
 
 class BertSelfAttention(nn.Module):
@@ -55,17 +108,24 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_prob = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        batch, seq_len, hidden = x.shape
+    def forward(self, x: torch.Tensor, attn_mask: Mask) -> torch.Tensor:
+        """x is (B, T, H) with a key mask (or None), or packed (N, H) with its Packing."""
+        if isinstance(attn_mask, Packing):
+            packing = attn_mask
+            q, k, v = packing.pad(torch.cat((self.query(x), self.key(x), self.value(x)), -1)).chunk(3, -1)
+            return packing.unpad(self._attend(q, k, v, packing.key_mask))
+        return self._attend(self.query(x), self.key(x), self.value(x), attn_mask)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        batch, seq_len, hidden = q.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+            return t.reshape(batch, seq_len, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        # SDPA picks flash / memory-efficient kernels where the device has them. attn_mask is a
+        # SDPA picks flash / memory-efficient kernels where the device has them. key_mask is a
         # boolean (B, 1, 1, T) key mask, or None when nothing is padded (which unlocks flash).
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_prob if self.training else 0.0
+            heads(q), heads(k), heads(v), attn_mask=key_mask, dropout_p=self.dropout_prob if self.training else 0.0
         )
         return out.transpose(1, 2).reshape(batch, seq_len, hidden)
 
@@ -87,7 +147,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Mask) -> torch.Tensor:
         return self.output(self.self(x, attn_mask), x)
 
 
@@ -119,7 +179,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Mask) -> torch.Tensor:
         attended = self.attention(x, attn_mask)
         return self.output(self.intermediate(attended), attended)
 
@@ -129,7 +189,7 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: Mask) -> torch.Tensor:
         for layer in self.layer:
             x = layer(x, attn_mask)
         return x
@@ -175,6 +235,10 @@ class BertModel(nn.Module):
         hidden = self.encoder(self.embeddings(input_ids, token_type_ids), key_padding_mask(attention_mask))
         pooled = self.pooler(hidden) if self.pooler is not None else None
         return hidden, pooled  # (B, T, H), (B, H) | None
+
+    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """Packed (N,) ids -> (N, H) last hidden states, computed without padding (see Packing)."""
+        return self.encoder(self.embeddings(input_ids, token_type_ids, packing.positions), packing)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -326,4 +390,4 @@ def model_flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float 
     return float(dense + attention + head)
 
 
-__all__ = ["BertForPreTraining", "BertModel", "PreTrainingOutput", "key_padding_mask", "model_flops_per_token"]
+__all__ = ["BertForPreTraining", "BertModel", "Packing", "PreTrainingOutput", "key_padding_mask", "model_flops_per_token"]

@@ -48,7 +48,7 @@ class RequestGuard:
 
         try:
             if scope["method"] == "POST":
-                rejected = self._refuse_by_headers(scope)
+                rejected = self._refuse_by_headers(scope, json_route=scope["path"] in JSON_ROUTES)
                 body = None if rejected else await self._read_body(receive)
                 if rejected or body is None:
                     kind, message = rejected or self._too_large()
@@ -64,11 +64,12 @@ class RequestGuard:
     def _too_large(self) -> tuple[str, str]:
         return "payload_too_large", f"the request body is larger than {self.state.settings.max_body_bytes} bytes"
 
-    def _refuse_by_headers(self, scope) -> tuple[str, str] | None:
-        """Content type other than JSON, or a declared length over the limit: refused before reading."""
+    def _refuse_by_headers(self, scope, json_route: bool) -> tuple[str, str] | None:
+        """Content type other than JSON (on a route that takes JSON), or a declared length over the
+        limit: refused before reading. Other paths go on to their 404 or 405."""
         headers = dict(scope["headers"])
         content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if content_type != b"application/json" and not content_type.endswith(b"+json"):
+        if json_route and content_type != b"application/json" and not content_type.endswith(b"+json"):
             shown = content_type.decode("latin-1") or "none"
             return "unsupported_media_type", f"content-type must be application/json (got {shown})"
         declared = headers.get(b"content-length")
@@ -106,7 +107,8 @@ def _replay(body: bytes, receive):
     return replay
 
 
-ROUTES = {"/encode", "/fill-mask", "/nsp", "/health", "/info", "/metrics"}
+JSON_ROUTES = {"/encode", "/fill-mask", "/nsp"}
+ROUTES = JSON_ROUTES | {"/health", "/info", "/metrics"}
 
 
 def route_label(path: str) -> str:

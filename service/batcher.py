@@ -1,11 +1,12 @@
 """Dynamic batching. Knows nothing of HTTP; decides *when* and *what* runs together.
 
-Every input of every request is one entry in one queue. Two threads serve it:
+Every input of every request is one entry in one queue. Threads serve it:
 - the packer picks the next batch (anchored on the oldest entry, filled with entries of similar
   length under the token budget, so padding stays small) and collates it while the device is busy
   with the current one: one batch is always ready ahead;
-- the runner feeds prepared batches to the engine under `torch.inference_mode()` and fans each
-  item's result back to its request's future on the event loop.
+- one runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) feeds
+  prepared batches to the engine and fans each item's result back to its request's future on the
+  event loop.
 Entries whose client went away are dropped before compute, entries past their deadline get
 `unavailable`, and a batch that runs out of device memory is split in two and retried.
 """
@@ -58,7 +59,7 @@ def _resolve(future: asyncio.Future, value=None, error: BaseException | None = N
 
 class Batcher:
     def __init__(self, engine: Engine, metrics: Metrics, max_batch_tokens: int, max_batch_size: int,
-                 max_wait_ms: float, max_queue_items: int, max_padding_fraction: float = 1.0):
+                 max_wait_ms: float, max_queue_items: int, max_padding_fraction: float = 1.0, runners: int = 1):
         self.engine = engine
         self.metrics = metrics
         self.max_batch_tokens = max_batch_tokens
@@ -66,10 +67,11 @@ class Batcher:
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue_items = max_queue_items
         self.max_padding_fraction = max_padding_fraction
+        self.runners = runners
         self._queue: deque[Entry] = deque()
         self._cond = threading.Condition()
         self._prepared: tuple[list[Entry], Batch] | None = None  # the one batch ready ahead
-        self._running = False  # the runner is inside engine.run
+        self._running = 0  # runners inside engine.run
         self._stopping = False
         self._packer_finished = False  # set by the packer once stopping and the queue is empty
         self._threads: list[threading.Thread] = []
@@ -78,7 +80,8 @@ class Batcher:
     # ---- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        for target, name in ((self._pack_loop, "bert-packer"), (self._run_loop, "bert-runner")):
+        workers = [(self._pack_loop, "bert-packer")] + [(self._run_loop, f"bert-runner-{n}") for n in range(self.runners)]
+        for target, name in workers:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -139,7 +142,7 @@ class Batcher:
             if self._stopping and not self._queue:
                 return None
             if self._prepared is None and self._queue:
-                idle = not self._running
+                idle = self._running < self.runners
                 short = sum(e.length for e in self._queue) < self.max_batch_tokens // 2 and \
                     len(self._queue) < self.max_batch_size
                 waited = time.monotonic() - self._queue[0].enqueued_at
@@ -176,35 +179,50 @@ class Batcher:
         """The oldest entry plus neighbours in length order, while the batch stays within the token
         budget, the sequence cap and the padding cap.
 
-        Each step takes the side (shorter or longer neighbour) that adds less padding. Entries left out
-        go into the next batch, which is prepared while this one runs.
+        Batches run packed (no padding in the token-wise layers), so padding costs only attention
+        work: the cap is on the share of the batch's FLOPs spent on it, which stays near zero for
+        short inputs of any mix and grows when long and short inputs share a batch. Each step takes
+        the side (shorter or longer neighbour) that wastes less. Entries left out go into the next
+        batch, which is prepared while this one runs.
         """
         by_length = sorted(self._queue, key=lambda e: e.length)
         anchor = by_length.index(self._queue[0])
         lo, hi = anchor, anchor + 1  # chosen = by_length[lo:hi]
-        longest, real = by_length[anchor].length, by_length[anchor].length
+        longest = real = by_length[anchor].length
+        squares = longest ** 2
 
-        def fits(new_longest: int, new_real: int, count: int) -> bool:
-            padded = new_longest * count
-            return padded <= self.max_batch_tokens and 1 - new_real / padded <= self.max_padding_fraction
+        def waste(new_longest: int, new_real: int, new_squares: int, count: int) -> float | None:
+            """Padding share of the batch's compute, or None when it breaks the token budget or the cap."""
+            if new_longest * count > self.max_batch_tokens:
+                return None
+            total, padding = self.engine.flops(count, new_longest, new_real, new_squares)
+            share = padding / total
+            return share if share <= self.max_padding_fraction else None
 
         while hi - lo < self.max_batch_size:
             count = hi - lo + 1
             options = []
-            if lo > 0 and fits(longest, real + by_length[lo - 1].length, count):
-                options.append((longest - by_length[lo - 1].length, "shorter"))
-            if hi < len(by_length) and fits(by_length[hi].length, real + by_length[hi].length, count):
-                options.append(((by_length[hi].length - longest) * (count - 1), "longer"))
+            if lo > 0:
+                n = by_length[lo - 1].length
+                share = waste(longest, real + n, squares + n * n, count)
+                if share is not None:
+                    options.append((share, "shorter"))
+            if hi < len(by_length):
+                n = by_length[hi].length
+                share = waste(n, real + n, squares + n * n, count)
+                if share is not None:
+                    options.append((share, "longer"))
             if not options:
                 break
             _, side = min(options)
             if side == "shorter":
                 lo -= 1
-                real += by_length[lo].length
+                n = by_length[lo].length
             else:
-                longest = by_length[hi].length
-                real += longest
+                n = longest = by_length[hi].length
                 hi += 1
+            real += n
+            squares += n * n
         chosen = by_length[lo:hi]
         chosen_ids = {id(e) for e in chosen}
         self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
@@ -222,13 +240,13 @@ class Batcher:
                     return
                 chosen, batch = self._prepared
                 self._prepared = None
-                self._running = True
+                self._running += 1
                 self._cond.notify_all()  # the packer may prepare the next batch now
             try:
                 self._run_batch(chosen, batch)
             finally:
                 with self._cond:
-                    self._running = False
+                    self._running -= 1
                     self._cond.notify_all()
 
     def _run_batch(self, chosen: list[Entry], batch: Batch) -> None:
@@ -270,11 +288,15 @@ class Batcher:
         m = self.metrics
         m.inference_seconds.observe(elapsed)
         m.batch_sequences.observe(len(entries))
-        m.batch_tokens.observe(batch.padded_tokens)
-        m.batch_padding.observe(1 - batch.real_tokens / batch.padded_tokens)
+        flops, padding_flops = self.engine.flops(len(batch.items), batch.packing.width, batch.real_tokens,
+                                                 batch.real_square_tokens)
+        m.batch_tokens.observe(batch.real_tokens)
+        m.batch_padding.observe(padding_flops / flops)
         m.items_computed.inc(len(entries))
         m.tokens_real.inc(batch.real_tokens)
         m.tokens_padded.inc(batch.padded_tokens)
+        m.flops.inc(flops)
+        m.flops_padding.inc(padding_flops)
         for entry, result in zip(entries, results):
             entry.loop.call_soon_threadsafe(_resolve, entry.future, result)
 

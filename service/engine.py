@@ -8,14 +8,16 @@ pooler and NSP head on its [CLS] (/nsp).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.bert import BertForPreTraining, key_padding_mask
+from model.bert import BertForPreTraining, Packing
 
 log = logging.getLogger("service")
 Task = Literal["encode", "fill_mask", "nsp"]
@@ -40,20 +42,30 @@ class Item:
 
 @dataclass
 class Batch:
-    """Plain data: padded tensors on the host, and the items they came from."""
+    """Plain data on the host: the items' tokens packed back to back (no padding), and the items."""
 
-    input_ids: torch.Tensor  # (B, T)
-    token_type_ids: torch.Tensor  # (B, T)
-    attention_mask: torch.Tensor  # (B, T)
+    input_ids: torch.Tensor  # (N,) every item's tokens, one item after another
+    token_type_ids: torch.Tensor  # (N,)
+    packing: Packing
     items: list[Item]
 
     @property
     def padded_tokens(self) -> int:
-        return self.input_ids.numel()
+        """Tokens in attention's padded (B, T) layout; the token-wise layers compute `real_tokens` only."""
+        return self.packing.batch * self.packing.width
 
     @property
     def real_tokens(self) -> int:
-        return sum(len(i) for i in self.items)
+        return len(self.input_ids)
+
+    @property
+    def real_square_tokens(self) -> int:
+        """Sum of squared lengths: the (query, key) pairs attention needs."""
+        return sum(len(i) ** 2 for i in self.items)
+
+    def starts(self) -> list[int]:
+        """Where each item begins in the packed layout."""
+        return list(accumulate((len(i) for i in self.items[:-1]), initial=0))
 
 
 @dataclass
@@ -79,6 +91,16 @@ def pick_device(choice: str) -> torch.device:
     return device
 
 
+def plan_compute(concurrent_batches: int, device: torch.device) -> int:
+    """How many batches run at once; on CPU, also splits torch's threads between them."""
+    if device.type != "cpu":
+        return concurrent_batches or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    batches = concurrent_batches or (2 if cores >= 2 else 1)
+    torch.set_num_threads(max(1, cores // batches))
+    return batches
+
+
 def pick_dtype(choice: str, device: torch.device) -> torch.dtype:
     if choice != "auto":
         return getattr(torch, choice)
@@ -99,71 +121,76 @@ class Engine:
     def has_mlm_head(self) -> bool:
         return self.model.has_mlm_head
 
+    def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
+        """(model FLOPs of one packed batch, the part spent on padding), per layer.
+
+        Token-wise layers see real tokens only: 2 x (4 H^2 + 2 H I) per token. Attention (QK^T and
+        AV, 4 H per query-key pair) runs in the padded (B, T) layout, so its padding is the only waste:
+        count x longest^2 pairs are computed where real_squares are needed.
+        """
+        config = self.model.config
+        dense = 2 * (4 * config.hidden_size ** 2 + 2 * config.hidden_size * config.intermediate_size) * real
+        attention = 4 * config.hidden_size * count * longest ** 2
+        return dense + attention, 4 * config.hidden_size * (count * longest ** 2 - real_squares)
+
     @property
     def has_nsp_head(self) -> bool:
         return self.model.has_nsp_head
 
     def collate(self, items: list[Item]) -> Batch:
-        width = max(len(i) for i in items)
-        ids = torch.full((len(items), width), self.pad_id, dtype=torch.long)
-        types = torch.zeros((len(items), width), dtype=torch.long)
-        mask = torch.zeros((len(items), width), dtype=torch.long)
-        for row, item in enumerate(items):
-            n = len(item)
-            ids[row, :n] = torch.tensor(item.input_ids)
-            types[row, :n] = torch.tensor(item.token_type_ids)
-            mask[row, :n] = 1
+        ids = torch.tensor([t for item in items for t in item.input_ids], dtype=torch.long)
+        types = torch.tensor([t for item in items for t in item.token_type_ids], dtype=torch.long)
+        packing = Packing.from_lengths([len(item) for item in items])
         if self.device.type == "cuda":  # page-locked memory: the copy overlaps with the host
-            ids, types, mask = ids.pin_memory(), types.pin_memory(), mask.pin_memory()
-        return Batch(ids, types, mask, items)
+            ids, types = ids.pin_memory(), types.pin_memory()
+        return Batch(ids, types, packing, items)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> list[ItemResult]:
         device = self.device
         ids = batch.input_ids.to(device, non_blocking=True)
         types = batch.token_type_ids.to(device, non_blocking=True)
-        mask = batch.attention_mask.to(device, non_blocking=True)
-        bert = self.model.bert
-        hidden = bert.encoder(bert.embeddings(ids, types), key_padding_mask(mask))  # (B, T, H)
+        packing = batch.packing.to(device, non_blocking=True)
+        hidden = self.model.bert.forward_packed(ids, types, packing)  # (N, H): real tokens only
         results = [ItemResult() for _ in batch.items]
-        self._encode_outputs(batch, hidden, mask, results)
-        self._fill_mask_outputs(batch, hidden, results)
-        self._nsp_outputs(batch, hidden, results)
+        starts = batch.starts()
+        self._encode_outputs(batch, hidden, packing, starts, results)
+        self._fill_mask_outputs(batch, hidden, starts, results)
+        self._nsp_outputs(batch, hidden, starts, results)
         return results
 
     # ---- heads ---------------------------------------------------------------------------------
 
-    def _encode_outputs(self, batch: Batch, hidden: torch.Tensor, mask: torch.Tensor, results: list[ItemResult]) -> None:
+    def _encode_outputs(self, batch: Batch, hidden: torch.Tensor, packing: Packing, starts: list[int],
+                        results: list[ItemResult]) -> None:
         rows = [r for r, item in enumerate(batch.items) if item.task == "encode"]
         if not rows:
             return
-        index = torch.tensor(rows, device=hidden.device)
-        selected = hidden.index_select(0, index).float()  # (R, T, H)
-
-        def vectors(pooling: str, normalize: bool) -> np.ndarray:
-            if pooling == "cls":
-                values = selected[:, 0]  # (R, H)
-            elif pooling == "mean":
-                lengths = mask.index_select(0, index)[..., None]  # (R, T, 1)
-                values = (selected * lengths).sum(1) / lengths.sum(1)  # (R, H)
+        hidden = hidden.float()
+        wanted = {(batch.items[r].pooling, batch.items[r].normalize) for r in rows}
+        host: dict[tuple[str, bool], np.ndarray] = {}  # only the variants some item asked for reach the host
+        for pooling, normalize in wanted:
+            if pooling == "none":
+                values = hidden  # (N, H): every item's token vectors, split per item below
+            elif pooling == "cls":
+                values = hidden[packing.starts]  # (B, H)
             else:
-                values = selected  # (R, T, H)
-            return (F.normalize(values, dim=-1) if normalize else values).cpu().numpy()
-
-        # Only the variants some item asked for are computed and copied to the host.
-        host = {variant: vectors(*variant) for variant in {(batch.items[r].pooling, batch.items[r].normalize) for r in rows}}
-        for slot, row in enumerate(rows):
+                lengths = torch.tensor([len(i) for i in batch.items], device=hidden.device, dtype=hidden.dtype)
+                sums = hidden.new_zeros(packing.batch, hidden.shape[-1]).index_add_(0, packing.rows, hidden)
+                values = sums / lengths[:, None]  # (B, H): mean over the item's tokens
+            host[(pooling, normalize)] = (F.normalize(values, dim=-1) if normalize else values).cpu().numpy()
+        for row in rows:
             item = batch.items[row]
-            values = host[(item.pooling, item.normalize)][slot]
-            results[row].vectors = values[: len(item)] if item.pooling == "none" else values
+            values = host[(item.pooling, item.normalize)]
+            results[row].vectors = values[starts[row] : starts[row] + len(item)] if item.pooling == "none" else values[row]
 
-    def _fill_mask_outputs(self, batch: Batch, hidden: torch.Tensor, results: list[ItemResult]) -> None:
+    def _fill_mask_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int],
+                           results: list[ItemResult]) -> None:
         wanted = [(r, p) for r, item in enumerate(batch.items) if item.task == "fill_mask" for p in item.mask_positions]
         if not wanted:
             return
-        rows = torch.tensor([r for r, _ in wanted], device=hidden.device)
-        cols = torch.tensor([p for _, p in wanted], device=hidden.device)
-        logits = self.model.cls.predictions(hidden[rows, cols]).float()  # (M, V): masked positions only
+        at = torch.tensor([starts[r] + p for r, p in wanted], device=hidden.device)
+        logits = self.model.cls.predictions(hidden[at]).float()  # (M, V): masked positions only
         probs = torch.softmax(logits, dim=-1)
         k = max((batch.items[r].top_k for r, _ in wanted), default=1)
         top_scores, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)  # on the device: only k values move
@@ -184,12 +211,11 @@ class Engine:
                 results[row].masks = []
             results[row].masks.append(mask_result)
 
-    def _nsp_outputs(self, batch: Batch, hidden: torch.Tensor, results: list[ItemResult]) -> None:
+    def _nsp_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int], results: list[ItemResult]) -> None:
         rows = [r for r, item in enumerate(batch.items) if item.task == "nsp"]
         if not rows:
             return
-        index = torch.tensor(rows, device=hidden.device)
-        cls_vectors = hidden.index_select(0, index)[:, :1]  # the pooler reads position 0
+        cls_vectors = hidden[torch.tensor([starts[r] for r in rows], device=hidden.device)][:, None]  # (R, 1, H)
         logits = self.model.cls.seq_relationship(self.model.bert.pooler(cls_vectors)).float().cpu().numpy()
         for slot, row in enumerate(rows):
             results[row].nsp_logits = logits[slot]

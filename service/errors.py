@@ -45,11 +45,14 @@ class ServiceError(Exception):
         return STATUS[self.kind]
 
 
-def error_response(kind: str, message: str, retry_after_s: float | None = None) -> Response:
-    headers = {"Retry-After": str(max(1, round(retry_after_s)))} if retry_after_s is not None else None
+def error_response(kind: str, message: str, retry_after_s: float | None = None,
+                   headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(retry_after_s)))
     if kind == "unauthorized":
-        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    return json_response({"error": message, "error_type": kind}, status_code=STATUS[kind], headers=headers)
+        headers["WWW-Authenticate"] = "Bearer"
+    return json_response({"error": message, "error_type": kind}, status_code=STATUS[kind], headers=headers or None)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -66,10 +69,11 @@ def _describe_validation(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI, on_error=None) -> None:
     """`on_error(kind, request)` is called for every error response (metrics)."""
 
-    def respond(request: Request, kind: str, message: str, retry_after_s: float | None = None) -> Response:
+    def respond(request: Request, kind: str, message: str, retry_after_s: float | None = None,
+                headers: dict[str, str] | None = None) -> Response:
         if on_error is not None:
             on_error(kind, request)
-        return error_response(kind, message, retry_after_s)
+        return error_response(kind, message, retry_after_s, headers)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError):
@@ -84,7 +88,8 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
         kind = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 401: "unauthorized"}.get(
             exc.status_code, "validation")
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-        return respond(request, kind, message.get(exc.status_code, str(exc.detail)))
+        # Starlette's own headers (the `Allow` list of a 405, RFC 9110) go out with our body.
+        return respond(request, kind, message.get(exc.status_code, str(exc.detail)), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):

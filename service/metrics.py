@@ -26,8 +26,9 @@ class Metrics:
         self.tokenize_seconds = Histogram("bert_tokenization_seconds", "Tokenization time of one request.",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.batch_sequences = Histogram("bert_batch_sequences", "Sequences per batch.", buckets=SIZE_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("bert_batch_tokens", "Padded tokens per batch.", buckets=TOKEN_BUCKETS, registry=r)
-        self.batch_padding = Histogram("bert_batch_padding_fraction", "Share of a batch's tokens that are padding.",
+        self.batch_tokens = Histogram("bert_batch_tokens", "Real tokens per batch.", buckets=TOKEN_BUCKETS, registry=r)
+        self.batch_padding = Histogram("bert_batch_padding_fraction",
+                                       "Share of a batch's model FLOPs spent on padding (attention only: batches run packed).",
                                        buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0), registry=r)
         self.items_computed = Counter("bert_items_computed", "Inputs that went through the device.", registry=r)
         self.items_dropped = Counter("bert_items_dropped", "Inputs removed before compute, by reason.", ["reason"],
@@ -35,7 +36,12 @@ class Metrics:
         self.batch_splits = Counter("bert_batch_splits", "Batches split in two after running out of device memory.",
                                     registry=r)
         self.tokens_real = Counter("bert_tokens_real", "Real (non-padding) tokens computed.", registry=r)
-        self.tokens_padded = Counter("bert_tokens_padded", "Tokens computed, padding included.", registry=r)
+        self.tokens_padded = Counter("bert_tokens_padded",
+                                     "Tokens in attention's padded layout (the token-wise layers see real tokens only).",
+                                     registry=r)
+        self.flops = Counter("bert_model_flops", "Model FLOPs per layer of the batches computed.", registry=r)
+        self.flops_padding = Counter("bert_model_flops_padding", "The part of bert_model_flops spent on padding.",
+                                     registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,7 +11,8 @@ Pair = Annotated[list[Text], Field(min_length=2, max_length=2)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # unknown fields are a 422 naming them
+    # Unknown fields are a 422 naming them; no coercion (0 is not false, "5" is not 5), as the schema says.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EncodeRequest(Strict):

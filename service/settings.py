@@ -35,10 +35,15 @@ class Settings(BaseSettings):
         "How long an idle device waits for more items before running a short queue. 0 (default) runs at once: "
         "under load, batches fill by themselves while the device is busy; a few ms can enlarge batches of "
         "bursty low-concurrency traffic at the cost of that much latency."))
-    max_padding_fraction: float = Field(0.15, gt=0, le=1, description=(
-        "Largest share of padding in a batch: inputs of very different lengths go to separate batches. Lower "
-        "wastes less compute (CPU time grows with padded tokens); higher makes fewer, bigger batches (GPUs "
-        "favour that). 1 turns the cap off."))
+    max_padding_fraction: float = Field(0.10, gt=0, le=1, description=(
+        "Largest share of a batch's compute spent on padding. Batches run packed (the token-wise layers see "
+        "real tokens only), so padding costs only attention work, which grows when long and short inputs share "
+        "a batch. Lower keeps long inputs apart from short ones; higher makes fewer, bigger batches. 1 turns "
+        "the cap off."))
+    concurrent_batches: int = Field(0, ge=0, description=(
+        "Batches computed at the same time, each by its own thread. 0 = auto: 2 on a CPU with at least 2 cores "
+        "(each batch on half the cores: a batch spread over every core stalls whenever the HTTP side takes one), "
+        "1 on a GPU."))
     max_queue_items: int = Field(4096, ge=1, description=(
         "Inputs allowed to wait in the queue; beyond it requests get 429 with Retry-After at once, instead of "
         "queueing without bound."))

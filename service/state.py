@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.checkpoint import load_checkpoint
 from service.batcher import Batcher, Ticket
-from service.engine import Engine, Item, ItemResult, pick_device, pick_dtype
+from service.engine import Engine, Item, ItemResult, pick_device, pick_dtype, plan_compute
 from service.errors import ServiceError
 from service.inputs import Limits
 from service.metrics import Metrics
@@ -57,7 +57,7 @@ class ServiceState:
             engine.warm_up(t.cls_id, t.sep_id, t.mask_id)
         self.checkpoint, self.engine = checkpoint, engine
         self.batcher = Batcher(engine, self.metrics, s.max_batch_tokens, s.max_batch_size, s.max_wait_ms,
-                               s.max_queue_items, s.max_padding_fraction)
+                               s.max_queue_items, s.max_padding_fraction, runners=plan_compute(s.concurrent_batches, device))
         self.batcher.start()
         self.ready = True
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, str(dtype).removeprefix("torch."),
@@ -97,9 +97,17 @@ class ServiceState:
         if head == "nsp" and not self.engine.has_nsp_head:
             raise ServiceError("unsupported", "this checkpoint has no next-sentence head, so /nsp is not available")
 
-    async def tokenize(self, build, *args):
+    async def tokenize(self, build, inputs, *args):
+        """`build(tokenizer, inputs, *args)` on the event loop for small inputs, else in a worker thread.
+
+        A short sentence tokenizes in tens of microseconds, less than the hand-off to a thread and back
+        costs; a large request would stall every other client, so it goes to the thread pool.
+        """
         started = time.perf_counter()
-        result = await run_in_threadpool(build, self.tokenizer, *args, limits=self.limits)
+        if _text_size(inputs) <= INLINE_TOKENIZE_CHARS:
+            result = build(self.tokenizer, inputs, *args, limits=self.limits)
+        else:
+            result = await run_in_threadpool(build, self.tokenizer, inputs, *args, limits=self.limits)
         self.metrics.tokenize_seconds.observe(time.perf_counter() - started)
         return result
 
@@ -140,6 +148,15 @@ class ServiceState:
         }
 
 
+INLINE_TOKENIZE_CHARS = 4096
+
+
+def _text_size(inputs) -> int:
+    if isinstance(inputs, str):
+        return len(inputs)
+    return sum(_text_size(i) for i in inputs)
+
+
 async def _client_gone(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -147,11 +164,13 @@ async def _client_gone(request: Request) -> None:
             return
 
 
-def get_state(request: Request) -> ServiceState:
+# The dependencies are coroutines on purpose: FastAPI runs plain-function dependencies in its thread
+# pool, and those hops cost every request CPU time and GIL hand-offs that slow the device thread.
+async def get_state(request: Request) -> ServiceState:
     return request.app.state.service
 
 
-def require_api_key(request: Request) -> None:
+async def require_api_key(request: Request) -> None:
     key = request.app.state.service.settings.api_key
     if key is None:
         return
@@ -161,6 +180,6 @@ def require_api_key(request: Request) -> None:
         raise ServiceError("unauthorized", "missing or wrong API key; send 'Authorization: Bearer <key>'")
 
 
-def require_metrics_key(request: Request) -> None:
+async def require_metrics_key(request: Request) -> None:
     if request.app.state.service.settings.metrics_require_key:
-        require_api_key(request)
+        await require_api_key(request)

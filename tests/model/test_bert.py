@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from model import BertConfig, BertForPreTraining, ConfigError, PRESETS
+from model.bert import Packing
 from tests.conftest import random_model
 
 VOCAB = 300
@@ -75,6 +76,30 @@ def test_padding_invariance():
             alone = model(ids[row : row + 1, :length], types[row : row + 1, :length])
             torch.testing.assert_close(alone.last_hidden_state[0], batched.last_hidden_state[row, :length], rtol=0, atol=1e-5)
             torch.testing.assert_close(alone.nsp_logits[0], batched.nsp_logits[row], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", [(17, 11, 6), (9, 9), (1, 17, 2, 5)])
+def test_packed_forward_equals_padded(lengths):
+    """The padding-free path (token-wise layers on real tokens only) gives the padded path's answers."""
+    model = random_model(VOCAB)
+    g = torch.Generator().manual_seed(3)
+    width = max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    types = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.randint(5, VOCAB, (n,), generator=g)
+        types[row, n // 2 : n] = 1
+        mask[row, :n] = 1
+    packing = Packing.from_lengths(list(lengths))
+    real = mask.bool()
+    assert packing.indices.tolist() == real.reshape(-1).nonzero().squeeze(1).tolist()
+    with torch.no_grad():
+        padded, _ = model.bert(ids, types, mask)
+        packed = model.bert.forward_packed(ids[real], types[real], packing)
+    assert packed.shape == (sum(lengths), model.config.hidden_size)
+    torch.testing.assert_close(packed, padded[real], rtol=0, atol=1e-5)
+    torch.testing.assert_close(packed[packing.starts], padded[:, 0], rtol=0, atol=1e-5)
 
 
 def test_decoder_is_tied_to_word_embeddings():

@@ -172,3 +172,37 @@ def test_missing_directory_and_tokenizer(tmp_path, broken):
     (broken / "vocab.txt").unlink()
     with pytest.raises(CheckpointError, match="broken: no tokenizer.json or vocab.txt"):
         load_checkpoint(broken)
+
+
+class _Exploit:
+    """Unpickling this runs code: it creates the file named by `marker`."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_malicious_pickle_is_never_executed(tmp_path, tiny_checkpoint):
+    import pickle
+
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"state_dict": _Exploit(marker)})
+    # Beside good weights: the loader reads model.safetensors and ignores every pickle.
+    planted = tmp_path / "with-weights"
+    shutil.copytree(tiny_checkpoint, planted)
+    for name in ("pytorch_model.bin", "training_args.bin", "optimizer.pt"):
+        (planted / name).write_bytes(payload)
+    assert load_checkpoint(planted).config.hidden_size == 64
+    # Instead of the weights: a clear error naming the file, still without opening it.
+    bare = tmp_path / "pickle-only"
+    shutil.copytree(tiny_checkpoint, bare)
+    (bare / WEIGHTS_FILE).unlink()
+    (bare / "pytorch_model.bin").write_bytes(payload)
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin.*never loads"):
+        load_checkpoint(bare)
+    # Proof that the payload is live: unpickling it does create the marker.
+    assert not marker.exists()
+    pickle.loads(payload)
+    assert marker.exists()

@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+import torch
+
 from service.batcher import Batcher, Entry, Ticket
-from service.engine import Item
+from service.engine import Engine, Item
 from service.metrics import Metrics
+from tests.conftest import random_model
 
 
 def batcher(**caps) -> Batcher:
     values = dict(max_batch_tokens=4096, max_batch_size=64, max_wait_ms=0, max_queue_items=1000,
                   max_padding_fraction=0.15)
     values.update(caps)
-    return Batcher(engine=None, metrics=Metrics(), **values)
+    engine = Engine(random_model(300), 0, torch.device("cpu"), torch.float32)  # its FLOP model prices padding
+    return Batcher(engine=engine, metrics=Metrics(), **values)
 
 
 def queue(b: Batcher, lengths: list[int]) -> None:
@@ -39,6 +43,14 @@ def test_caps_on_tokens_and_sequences_hold():
     b = batcher(max_batch_size=2)
     queue(b, [30] * 10)
     assert len(b._select()) == 2
+
+
+def test_short_inputs_of_any_mix_share_a_batch():
+    # Packed batches: padding costs attention work only, which is small next to the token-wise layers
+    # when every input is short, so a mixed queue of short inputs goes out as one batch.
+    b = batcher()
+    queue(b, [3, 12, 7, 16, 5, 9])
+    assert len(b._select()) == 6
 
 
 def test_the_oldest_input_is_always_served_first():

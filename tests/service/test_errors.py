@@ -110,7 +110,7 @@ class GatedEngine(Engine):
 async def test_full_queue_answers_429_with_retry_after(tiny_checkpoint):
     GatedEngine.gate.clear()
     GatedEngine.entered.clear()
-    async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_queue_items=3, max_batch_size=1,
+    async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_queue_items=3, max_batch_size=1, concurrent_batches=1,
                        warmup=False) as client:
         # The first request is on the device (blocked) before the rest arrive. Of the next nine, three fill the
         # queue and one more may already wait prepared for the device (depending on thread timing); everything
@@ -134,7 +134,7 @@ async def test_full_queue_answers_429_with_retry_after(tiny_checkpoint):
 async def test_queue_deadline_answers_503_and_skips_compute(tiny_checkpoint):
     GatedEngine.gate.clear()
     GatedEngine.entered.clear()
-    async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_batch_size=1, queue_timeout_s=0.3,
+    async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_batch_size=1, queue_timeout_s=0.3, concurrent_batches=1,
                        warmup=False) as client:
         blockers = [asyncio.ensure_future(client.post("/encode", json={"inputs": "first"})) for _ in range(2)]
         assert await asyncio.to_thread(GatedEngine.entered.wait, 10)

@@ -1,0 +1,72 @@
+"""A table of nasty inputs, each with the status and error_type it must get; afterwards the same
+well-formed request still gets the same answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.service.conftest import serving
+
+pytestmark = pytest.mark.anyio
+
+JSON = {"content-type": "application/json"}
+WELL_FORMED = ("/encode", {"inputs": ["a crane is flying", ["the river", "flows south"]], "pooling": "mean"})
+
+# (name, path, body: a dict sent as JSON or raw bytes, headers, expected status, expected error_type or None)
+CASES = [
+    ("empty string", "/encode", {"inputs": ""}, JSON, 422, "validation"),
+    ("empty list", "/encode", {"inputs": []}, JSON, 422, "validation"),
+    ("whitespace only", "/encode", {"inputs": " \t\n "}, JSON, 422, "validation"),
+    ("only special tokens", "/encode", {"inputs": "[CLS] [SEP] [PAD]"}, JSON, 200, None),
+    ("[MASK] alone", "/fill-mask", {"inputs": "[MASK]"}, JSON, 200, None),
+    ("20 masks", "/fill-mask", {"inputs": " ".join(["[MASK]"] * 20)}, JSON, 200, None),
+    ("a text of 1 MB", "/encode", {"inputs": "word " * 200_000}, JSON, 422, "validation"),
+    ("a body over the size limit", "/encode", {"inputs": ["x" * 40_000] * 60}, JSON, 413, "payload_too_large"),
+    ("10,000 inputs", "/encode", {"inputs": ["hi"] * 10_000}, JSON, 422, "validation"),
+    ("lists three deep", "/encode", {"inputs": [[["a", "b"]]]}, JSON, 422, "validation"),
+    ("a pair of three", "/nsp", {"inputs": [["a", "b", "c"]]}, JSON, 422, "validation"),
+    ("a pair of one", "/nsp", {"inputs": [["a"]]}, JSON, 422, "validation"),
+    ("a number for a string", "/encode", {"inputs": 42}, JSON, 422, "validation"),
+    ("null for a string", "/encode", {"inputs": None}, JSON, 422, "validation"),
+    ("null inside the list", "/encode", {"inputs": ["a", None]}, JSON, 422, "validation"),
+    ("a number inside a pair", "/nsp", {"inputs": [["a", 3]]}, JSON, 422, "validation"),
+    ("invalid UTF-8", "/encode", b'{"inputs": "caf\xe9 \xff\xfe"}', JSON, 422, "validation"),
+    ("lone surrogate", "/encode", b'{"inputs": "broken \\ud800 pair"}', JSON, 422, "validation"),
+    ("control characters", "/encode", {"inputs": "bell\x07 null\x00 escape\x1b end"}, JSON, 200, None),
+    ("emoji and CJK", "/encode", {"inputs": "🙂🚀 東京は晴れ 한국어"}, JSON, 200, None),
+    ("right-to-left text", "/encode", {"inputs": "\u202eשלום עולם مرحبا"}, JSON, 200, None),
+    ("top_k 0", "/fill-mask", {"inputs": "[MASK]", "top_k": 0}, JSON, 422, "validation"),
+    ("top_k -1", "/fill-mask", {"inputs": "[MASK]", "top_k": -1}, JSON, 422, "validation"),
+    ("top_k 10^9", "/fill-mask", {"inputs": "[MASK]", "top_k": 10**9}, JSON, 422, "validation"),
+    ("top_k a string", "/fill-mask", {"inputs": "[MASK]", "top_k": "five"}, JSON, 422, "validation"),
+    ("an unknown field", "/encode", {"inputs": "a", "temperature": 2}, JSON, 422, "validation"),
+    ("wrong content type", "/encode", b'{"inputs": "a"}', {"content-type": "text/plain"}, 415, "unsupported_media_type"),
+    ("no content type", "/encode", b'{"inputs": "a"}', {}, 415, "unsupported_media_type"),
+    ("a body that is not JSON", "/encode", b"inputs=a", JSON, 422, "validation"),
+    ("a truncated body", "/encode", b'{"inputs": ["a crane", "is fly', JSON, 422, "validation"),
+    ("an empty body", "/encode", b"", JSON, 422, "validation"),
+    ("JSON that is not an object", "/encode", b'["a", "b"]', JSON, 422, "validation"),
+    ("a target of two pieces", "/fill-mask", {"inputs": "[MASK]", "targets": ["notaword123"]}, JSON, 422, "validation"),
+]
+
+
+async def test_nasty_inputs_get_their_documented_answers(tiny_checkpoint):
+    async with serving(tiny_checkpoint, max_body_bytes=2 * 1024 * 1024) as client:
+        path, payload = WELL_FORMED
+        before = (await client.post(path, json=payload)).json()
+        failures = []
+        for name, route, body, headers, status, error_type in CASES:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            response = await client.post(route, content=content, headers=headers)
+            got = (response.status_code, response.json().get("error_type") if response.status_code != 200 else None)
+            if got != (status, error_type):
+                failures.append(f"{name}: expected {(status, error_type)}, got {got}: {response.text[:200]}")
+            elif status != 200:
+                body_json = response.json()
+                assert set(body_json) == {"error", "error_type"} and body_json["error"], name
+                assert "Traceback" not in body_json["error"] and "/tmp" not in body_json["error"], name
+        assert not failures, "\n".join(failures)
+        assert (await client.post(path, json=payload)).json() == before
+        assert (await client.get("/health")).status_code == 200
