@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -72,7 +73,17 @@ def metric(text: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int]):
+def encode_request(text: str) -> tuple[str, dict]:
+    return "/encode", {"inputs": text, "pooling": "mean", "truncate": True}
+
+
+def infinity_request(model: str):
+    """Infinity's OpenAI-style route; it mean-pools (and normalises) as sentence-transformers does."""
+    return lambda text: ("/embeddings", {"model": model, "input": [text]})
+
+
+async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],
+                request=encode_request):
     """`concurrency` clients, each with its own connection, send one input per request until time is up.
 
     Each client has its own `httpx.AsyncClient`: one shared pool of many connections costs the load
@@ -92,7 +103,8 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
                 text = texts[i % len(texts)]
                 i += concurrency
                 started = time.perf_counter()
-                response = await client.post("/encode", json={"inputs": text, "pooling": "mean", "truncate": True})
+                path, payload = request(text)
+                response = await client.post(path, json=payload)
                 if response.status_code != 200:  # the benchmark counts only full answers; any error stops it
                     raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
                 latencies.append(time.perf_counter() - started)
@@ -105,11 +117,11 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
     return latencies, sequences, tokens, seconds
 
 
-def measure_http(system: str, url: str, texts, concurrency: int, duration: float, token_counts) -> Row:
+def measure_http(system: str, url: str, texts, concurrency: int, duration: float, token_counts,
+                 request=encode_request) -> Row:
+    asyncio.run(drive(url, texts[:64], concurrency, min(2.0, duration / 3), token_counts, request))  # warm-up
     before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
-    asyncio.run(drive(url, texts[:64], concurrency, min(2.0, duration / 3), token_counts))  # warm-up
-    before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
-    latencies, sequences, tokens, seconds = asyncio.run(drive(url, texts, concurrency, duration, token_counts))
+    latencies, sequences, tokens, seconds = asyncio.run(drive(url, texts, concurrency, duration, token_counts, request))
     row = Row(system, concurrency, len(latencies), seconds, len(latencies) / seconds, sequences / seconds,
               tokens / seconds, *(float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99)))
     if system.startswith("service"):
@@ -172,7 +184,10 @@ def main(argv=None) -> int:
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--fixed-length", type=int, default=None, help="word pieces per input (default: mixed)")
     parser.add_argument("--systems", nargs="+", default=["service", "service-nobatch", "naive"],
-                        choices=["service", "service-nobatch", "naive"])
+                        choices=["service", "service-nobatch", "naive", "infinity"])
+    parser.add_argument("--infinity", default=shutil.which("infinity_emb"),
+                        help="the infinity_emb command (pip install 'infinity-emb[server,torch]' in its own "
+                             "environment); the infinity row runs when it is named in --systems")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
 
@@ -193,15 +208,23 @@ def main(argv=None) -> int:
         "service": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint)],
         "service-nobatch": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint), "--max-batch-size", "1"],
         "naive": [sys.executable, "-m", "bench.naive_peer", str(args.checkpoint)],
+        "infinity": [str(args.infinity), "v2", "--model-id", str(args.checkpoint.resolve()), "--host", "127.0.0.1",
+                     "--engine", "torch",
+                     "--device", "cpu" if not torch.cuda.is_available() else "cuda", "--dtype", "float32"
+                     if not torch.cuda.is_available() else "float16"],
     }
+    requests = {"infinity": infinity_request(str(args.checkpoint.resolve()))}
     for system in args.systems:
+        if system == "infinity" and not args.infinity:
+            raise SystemExit("the infinity row needs --infinity PATH (the infinity_emb command)")
         port = free_port()
-        command = servers[system] + (["--port", str(port)] if system != "naive" else [str(port)])
+        command = servers[system] + ([str(port)] if system == "naive" else ["--port", str(port)])
         url = f"http://127.0.0.1:{port}"
         process = start(command, url)
         try:
             for concurrency in args.concurrency:
-                row = measure_http(system, url, texts, concurrency, args.duration, token_counts)
+                row = measure_http(system, url, texts, concurrency, args.duration, token_counts,
+                                   requests.get(system, encode_request))
                 row.vs_limit = row.sequences_per_s / limit.sequences_per_s
                 rows.append(row)
                 print(f"  {system:16s} c={concurrency:<4d} {row.sequences_per_s:8.1f} seq/s  p50 {row.p50_ms:7.1f} ms",

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from model import BertConfig, BertForPreTraining, ConfigError, PRESETS
+from model import PRESETS, BertConfig, BertForPreTraining, ConfigError
 from model.bert import Packing
 from tests.conftest import random_model
 

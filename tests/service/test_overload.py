@@ -1,0 +1,46 @@
+"""A burst of 10x the measured capacity for 30 s against a real server (slow: `make test-slow`)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from bench import overload
+from bench.server_process import free_port, start
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def burst_result():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "service", "--checkpoint", str(REPO_ROOT / "checkpoints/mini-wikitext2"),
+               "--port", str(port), "--max-queue-items", "256"]
+    process = start(command, url)
+    try:
+        result = asyncio.run(overload.run(url, process.pid, seconds=30, factor=10))
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    print(result)
+    return result
+
+
+def test_every_request_is_answered_memory_stays_bounded_and_latency_recovers(burst_result):
+    result = burst_result
+    assert set(result["statuses"]) <= {"200", "429", "503"}, result  # no hang, no transport error, no other 5xx
+    assert not result["problems"], result["problems"]
+    assert result["statuses"].get("200", 0) > 0 and result["statuses"].get("429", 0) > 0
+    assert result["offered_per_s"] >= 5 * result["capacity_per_s"], "the load generator fell far short of 10x"
+    assert result["recovered_after_s"] < 10 and result["health_after"] == 200
+    assert result["server_peak_rss_mib"] < 2048
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (RELIABILITY.md): under the burst, accepted requests wait "
+                                        "outside the app's queue (socket backlog, event loop) past the 30 s deadline")
+def test_accepted_requests_keep_a_bounded_p99(burst_result):
+    assert burst_result["accepted_p99_ms"] < 30_000
