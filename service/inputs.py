@@ -1,6 +1,7 @@
 """Request inputs -> tokenized work items, with every input check that needs the tokenizer.
 
-Runs in a worker thread (tokenization stays off the event loop and off the device thread).
+Runs off the device thread: on the event loop for small requests (cheaper than a thread hop), in a
+worker thread for large ones (see ServiceState.tokenize).
 """
 
 from __future__ import annotations

@@ -56,8 +56,9 @@ class ServiceState:
             t = checkpoint.tokenizer
             engine.warm_up(t.cls_id, t.sep_id, t.mask_id)
         self.checkpoint, self.engine = checkpoint, engine
+        runners = plan_compute(s.concurrent_batches, device)
         self.batcher = Batcher(engine, self.metrics, s.max_batch_tokens, s.max_batch_size, s.max_wait_ms,
-                               s.max_queue_items, s.max_padding_fraction, runners=plan_compute(s.concurrent_batches, device))
+                               s.max_queue_items, s.max_padding_fraction, runners=runners)
         self.batcher.start()
         self.ready = True
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, str(dtype).removeprefix("torch."),
