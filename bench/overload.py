@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.server_process import free_port, start
+from bench.server_process import start_service
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Eight inputs of ~60 words each: heavy requests, so that 10x capacity is a rate one load-generator process
@@ -129,6 +129,18 @@ async def run(url: str, pid: int, seconds: float, factor: float) -> dict:
             "health_after": health, "server_peak_rss_mib": peak_rss_mib(pid)}
 
 
+def measure(checkpoint: Path, seconds: float, factor: float, server_flags: list[str]) -> dict:
+    """Start the service with `server_flags`, run the burst against it, stop it; the figures."""
+    process, url = start_service(checkpoint, *server_flags)
+    try:
+        result = asyncio.run(run(url, process.pid, seconds, factor))
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    result["server_flags"] = server_flags
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikitext2")
@@ -137,18 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
                         help="extra flags for python -m service (after everything else)")
     args = parser.parse_args(argv)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint), "--port", str(port),
-               *args.server_args]
-    process = start(command, url)
-    try:
-        result = asyncio.run(run(url, process.pid, args.seconds, args.factor))
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-    result["server_command"] = " ".join(command[1:])
-    print(json.dumps(result, indent=1))
+    print(json.dumps(measure(args.checkpoint, args.seconds, args.factor, args.server_args), indent=1))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,3 +39,11 @@ def start(command: list[str], url: str, timeout_s: float = 120) -> subprocess.Po
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"{command} did not become healthy within {timeout_s:.0f} s")
+
+
+def start_service(checkpoint, *flags: str, timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
+    """`python -m service` on a free loopback port with extra `flags`; returns the process and its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port), *flags]
+    return start(command, url, timeout_s), url

@@ -202,25 +202,17 @@ class Batcher:
         while hi - lo < self.max_batch_size:
             count = hi - lo + 1
             options = []
-            if lo > 0:
-                n = by_length[lo - 1].length
-                share = waste(longest, real + n, squares + n * n, count)
-                if share is not None:
-                    options.append((share, "shorter"))
-            if hi < len(by_length):
-                n = by_length[hi].length
-                share = waste(n, real + n, squares + n * n, count)
-                if share is not None:
-                    options.append((share, "longer"))
+            for side, index in (("shorter", lo - 1), ("longer", hi)):
+                if 0 <= index < len(by_length):
+                    n = by_length[index].length
+                    share = waste(max(longest, n), real + n, squares + n * n, count)
+                    if share is not None:
+                        options.append((share, side, n))
             if not options:
                 break
-            _, side = min(options)
-            if side == "shorter":
-                lo -= 1
-                n = by_length[lo].length
-            else:
-                n = longest = by_length[hi].length
-                hi += 1
+            _, side, n = min(options)
+            lo, hi = (lo - 1, hi) if side == "shorter" else (lo, hi + 1)
+            longest = max(longest, n)
             real += n
             squares += n * n
         chosen = by_length[lo:hi]

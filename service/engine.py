@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from model.bert import BertForPreTraining, Packing
+from model.bert import BertForPreTraining, Packing, packed_batch_flops
 
 log = logging.getLogger("service")
 Task = Literal["encode", "fill_mask", "nsp"]
@@ -122,16 +122,8 @@ class Engine:
         return self.model.has_mlm_head
 
     def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
-        """(model FLOPs of one packed batch, the part spent on padding), per layer.
-
-        Token-wise layers see real tokens only: 2 x (4 H^2 + 2 H I) per token. Attention (QK^T and
-        AV, 4 H per query-key pair) runs in the padded (B, T) layout, so its padding is the only waste:
-        count x longest^2 pairs are computed where real_squares are needed.
-        """
-        config = self.model.config
-        dense = 2 * (4 * config.hidden_size ** 2 + 2 * config.hidden_size * config.intermediate_size) * real
-        attention = 4 * config.hidden_size * count * longest ** 2
-        return dense + attention, 4 * config.hidden_size * (count * longest ** 2 - real_squares)
+        """(FLOPs of one packed batch, the part spent on padding): see `packed_batch_flops`."""
+        return packed_batch_flops(self.model.config, count, longest, real, real_squares)
 
     @property
     def has_nsp_head(self) -> bool:

@@ -39,7 +39,7 @@ class Metrics:
         self.tokens_padded = Counter("bert_tokens_padded",
                                      "Tokens in attention's padded layout (the token-wise layers see real tokens only).",
                                      registry=r)
-        self.flops = Counter("bert_model_flops", "Model FLOPs per layer of the batches computed.", registry=r)
+        self.flops = Counter("bert_model_flops", "Encoder FLOPs of the batches computed.", registry=r)
         self.flops_padding = Counter("bert_model_flops_padding", "The part of bert_model_flops spent on padding.",
                                      registry=r)
 

@@ -11,9 +11,9 @@ import os
 import re
 import subprocess
 
+from bench.server_process import start_service
 from service.settings import DEFAULT_CHECKPOINT
 from tests.conftest import REPO_ROOT
-from tests.service.test_server import start_server
 
 README = REPO_ROOT / "README.md"
 EXAMPLE = re.compile(r"```bash\n(curl -s http://127\.0\.0\.1:8000[^`]*?)```\n\n```(json|text)\n(.*?)```", re.DOTALL)
@@ -38,7 +38,7 @@ def test_readme_curl_examples_give_the_outputs_shown():
     examples = EXAMPLE.findall(text)
     assert {re.search(r"8000(/[a-z-]+)", c).group(1) for c, _, _ in examples} >= {"/encode", "/fill-mask", "/nsp",
                                                                                     "/health"}
-    process, url = start_server(DEFAULT_CHECKPOINT)
+    process, url = start_service(DEFAULT_CHECKPOINT)
     try:
         outputs = [run_example(command, url) for command, _, _ in examples]
     finally:

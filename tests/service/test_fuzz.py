@@ -11,9 +11,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from bench.server_process import start_service
 from service.app import create_app
 from service.settings import Settings
-from tests.service.test_server import start_server
 
 # The document is static: building the app does not load a model (that happens in its lifespan).
 schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi())
@@ -24,7 +24,7 @@ REFERENCE = {"inputs": ["a crane is flying", ["the river", "flows south"]], "poo
 
 @pytest.fixture(scope="module")
 def fuzz_target(tiny_checkpoint):
-    process, url = start_server(tiny_checkpoint)
+    process, url = start_service(tiny_checkpoint)
     before = httpx.post(url + "/encode", json=REFERENCE, timeout=30).json()
     yield url, before
     process.kill()

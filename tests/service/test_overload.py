@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
 import pytest
 
 from bench import overload
-from bench.server_process import free_port, start
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -16,16 +12,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def burst_result():
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "service", "--checkpoint", str(REPO_ROOT / "checkpoints/mini-wikitext2"),
-               "--port", str(port), "--max-queue-items", "256"]
-    process = start(command, url)
-    try:
-        result = asyncio.run(overload.run(url, process.pid, seconds=30, factor=10))
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    result = overload.measure(REPO_ROOT / "checkpoints/mini-wikitext2", seconds=30, factor=10,
+                              server_flags=["--max-queue-items", "256"])
     print(result)
     return result
 

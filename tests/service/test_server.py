@@ -11,20 +11,13 @@ import sys
 import httpx
 import pytest
 
-from bench.server_process import free_port, start
+from bench.server_process import free_port, start_service
 from tests.conftest import REPO_ROOT
-
-
-def start_server(checkpoint, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port), *extra]
-    return start(command, url, timeout_s=60), url
 
 
 @pytest.fixture
 def server(tiny_checkpoint):
-    process, url = start_server(tiny_checkpoint)
+    process, url = start_service(tiny_checkpoint)
     yield process, url
     if process.poll() is None:
         process.kill()
