@@ -7,13 +7,14 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 SERVE_STAMP := $(VENV)/.serve-$(shell cat requirements/serve.txt | cksum | cut -d' ' -f1)
 DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve test test-slow bench bench-smoke train-default lock audit clean help
+.PHONY: serve test test-slow bench bench-train bench-smoke train-default lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
 	@echo "make test       run the test suite (what CI runs)"
 	@echo "make test-slow  also run the slow tests (overload burst, long fuzz)"
 	@echo "make bench      serving benchmark; results go to BENCHMARKS.md by hand"
+	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make audit      pip-audit over the pinned dependencies"
 	@echo "make train-default  re-train and export the bundled model (30 min on CPU)"
 
@@ -39,6 +40,9 @@ test-slow: $(DEV_STAMP)
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench.serving $(ARGS)
+
+bench-train: $(DEV_STAMP)
+	$(BIN)/python -m bench.training $(ARGS)
 
 audit: $(DEV_STAMP)
 	$(BIN)/python -m pip_audit -r requirements/serve.txt -r requirements/dev.txt --progress-spinner off

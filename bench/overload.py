@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -27,6 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # on the same machine can actually offer.
 PAYLOAD = {"inputs": [f"sentence {i} " + "the river flows past the old mill and into the sea " * 6 for i in range(8)],
            "pooling": "mean", "truncate": True}
+CLIENTS = 32
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -66,13 +68,19 @@ async def burst(url: str, rate: float, seconds: float, timeout_s: float) -> dict
     """Open loop: a new request every 1/rate s, whatever happened to the earlier ones."""
     statuses: Counter[str] = Counter()
     accepted_latencies: list[float] = []
+    refused_latencies: list[float] = []
     problems: list[str] = []
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
-    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
-        async def one():
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
+    # Many clients, each with its share of the connections: one httpx pool costs O(connections) per
+    # request, and with hundreds open at once the load generator itself would fall behind its schedule.
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits))
+                   for _ in range(CLIENTS)]
+
+        async def one(index: int):
             started = time.perf_counter()
             try:
-                response = await client.post("/encode", json=PAYLOAD)
+                response = await clients[index % CLIENTS].post("/encode", json=PAYLOAD)
             except httpx.TimeoutException:
                 statuses["timeout"] += 1
                 return
@@ -83,9 +91,11 @@ async def burst(url: str, rate: float, seconds: float, timeout_s: float) -> dict
             statuses[str(response.status_code)] += 1
             if response.status_code == 200:
                 accepted_latencies.append(time.perf_counter() - started)
-            elif response.status_code == 429 and "retry-after" not in response.headers:
+            else:
+                refused_latencies.append(time.perf_counter() - started)
+            if response.status_code == 429 and "retry-after" not in response.headers:
                 problems.append("429 without Retry-After")
-            elif response.status_code not in (429, 503):
+            elif response.status_code not in (200, 429, 503):
                 problems.append(f"{response.status_code}: {response.text[:200]}")
 
         tasks = []
@@ -94,7 +104,7 @@ async def burst(url: str, rate: float, seconds: float, timeout_s: float) -> dict
         while (elapsed := time.perf_counter() - started) < seconds:
             due = int(elapsed * rate) + 1
             while sent < due:
-                tasks.append(asyncio.ensure_future(one()))
+                tasks.append(asyncio.ensure_future(one(sent)))
                 sent += 1
             await asyncio.sleep(0.002)
         offered_s = time.perf_counter() - started
@@ -105,6 +115,8 @@ async def burst(url: str, rate: float, seconds: float, timeout_s: float) -> dict
         "statuses": dict(statuses),
         "accepted_p50_ms": float(np.percentile(accepted_latencies, 50)) * 1000 if accepted_latencies else None,
         "accepted_p99_ms": float(np.percentile(accepted_latencies, 99)) * 1000 if accepted_latencies else None,
+        "refused_p50_ms": float(np.percentile(refused_latencies, 50)) * 1000 if refused_latencies else None,
+        "refused_p99_ms": float(np.percentile(refused_latencies, 99)) * 1000 if refused_latencies else None,
         "problems": problems[:10],
     }
 

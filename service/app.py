@@ -21,15 +21,19 @@ behind dynamic batching. Errors always have the body `{"error": "...", "error_ty
 
 
 class RequestGuard:
-    """Pure ASGI middleware: body size limit (413), JSON content type (415), and per-route metrics.
+    """Pure ASGI middleware: admission (429 beyond max_concurrent_requests), body size limit (413),
+    JSON content type (415), and per-route metrics.
 
-    It reads the body itself (up to the limit) and replays it to the app, so a body that is too
-    large is refused before anything parses it, whether or not it announced its length.
+    Both refusals happen before the body is read: under a flood, refusing costs next to nothing,
+    so the event loop keeps up with arrivals and an accepted request waits only for the requests
+    admitted before it. The body is read here (up to the limit) and replayed to the app, so a body
+    that is too large is refused before anything parses it, whether or not it announced its length.
     """
 
     def __init__(self, app, state: ServiceState):
         self.app = app
         self.state = state
+        self.in_flight = 0  # requests on the JSON routes being handled now
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -46,9 +50,20 @@ class RequestGuard:
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 self.state.answered += 1
 
+        admitted = False
         try:
             if scope["method"] == "POST":
-                rejected = self._refuse_by_headers(scope, json_route=scope["path"] in JSON_ROUTES)
+                json_route = scope["path"] in JSON_ROUTES
+                limit = self.state.settings.max_concurrent_requests
+                if json_route and self.in_flight >= limit:
+                    self.state.metrics.failures.labels(route, "overloaded").inc()
+                    return await error_response(
+                        "overloaded", f"{limit} requests are being handled already; retry later", retry_after_s=1,
+                    )(scope, receive, send_and_count)
+                if json_route:
+                    self.in_flight += 1
+                    admitted = True
+                rejected = self._refuse_by_headers(scope, json_route)
                 body = None if rejected else await self._read_body(receive)
                 if rejected or body is None:
                     kind, message = rejected or self._too_large()
@@ -57,6 +72,8 @@ class RequestGuard:
                 receive = _replay(body, receive)
             await self.app(scope, receive, send_and_count)
         finally:
+            if admitted:
+                self.in_flight -= 1
             status = status_holder.get("status", 500)
             self.state.metrics.requests.labels(route, str(status)).inc()
             self.state.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)

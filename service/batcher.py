@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -59,7 +60,8 @@ def _resolve(future: asyncio.Future, value=None, error: BaseException | None = N
 
 class Batcher:
     def __init__(self, engine: Engine, metrics: Metrics, max_batch_tokens: int, max_batch_size: int,
-                 max_wait_ms: float, max_queue_items: int, max_padding_fraction: float = 1.0, runners: int = 1):
+                 max_wait_ms: float, max_queue_items: int, max_padding_fraction: float = 1.0, runners: int = 1,
+                 runner_niceness: int = 0):
         self.engine = engine
         self.metrics = metrics
         self.max_batch_tokens = max_batch_tokens
@@ -68,6 +70,7 @@ class Batcher:
         self.max_queue_items = max_queue_items
         self.max_padding_fraction = max_padding_fraction
         self.runners = runners
+        self.runner_niceness = runner_niceness
         self._queue: deque[Entry] = deque()
         self._cond = threading.Condition()
         self._prepared: tuple[list[Entry], Batch] | None = None  # the one batch ready ahead
@@ -224,6 +227,7 @@ class Batcher:
     # ---- running (runner thread) ---------------------------------------------------------------
 
     def _run_loop(self) -> None:
+        lower_thread_priority(self.runner_niceness)
         while True:
             with self._cond:
                 while self._prepared is None and not self._packer_finished:
@@ -300,6 +304,22 @@ class Batcher:
         """Answer an entry that will not be computed, and count why."""
         self.metrics.items_dropped.labels(reason).inc()
         self._fail([entry], error)
+
+
+def lower_thread_priority(niceness: int) -> None:
+    """Raise the calling thread's nice value to `niceness` (Linux schedules threads one by one).
+
+    Compute threads run at a lower priority than the thread that accepts and refuses requests: under
+    a flood the event loop still gets the CPU it needs to answer 429 at once, while the device threads
+    lose only the little time that takes.
+    """
+    if niceness <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        thread_id = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread_id, max(niceness, os.getpriority(os.PRIO_PROCESS, thread_id)))
+    except OSError as exc:  # not permitted here: run at the normal priority
+        log.warning("cannot lower the compute threads' priority: %s", exc)
 
 
 __all__ = ["Batcher", "Entry", "ItemResult", "Ticket"]

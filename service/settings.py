@@ -44,11 +44,19 @@ class Settings(BaseSettings):
         "Batches computed at the same time, each by its own thread. 0 = auto: 2 on a CPU with at least 2 cores "
         "(each batch on half the cores: a batch spread over every core stalls whenever the HTTP side takes one), "
         "1 on a GPU."))
+    compute_niceness: int = Field(10, ge=0, le=19, description=(
+        "Nice value of the compute threads (Linux). Above 0 the thread that accepts and refuses requests comes "
+        "first: under a flood refusals stay immediate and accepted requests' latency bounded, for almost no "
+        "throughput. 0 = the same priority as the HTTP side."))
     max_queue_items: int = Field(4096, ge=1, description=(
         "Inputs allowed to wait in the queue; beyond it requests get 429 with Retry-After at once, instead of "
         "queueing without bound."))
     queue_timeout_s: float = Field(30.0, gt=0, description=(
         "Deadline for an input to reach the device; past it the request gets 503 and the input is not computed."))
+    max_concurrent_requests: int = Field(512, ge=1, description=(
+        "Requests on /encode, /fill-mask and /nsp handled at once; beyond it 429 with Retry-After at once, before "
+        "the body is read (like text-embeddings-inference's --max-concurrent-requests). Lower bounds the wait of "
+        "accepted requests under a flood; higher lets more clients queue."))
     max_inputs_per_request: int = Field(64, ge=1, description="Most inputs in one request (422 beyond).")
     max_input_chars: int = Field(50_000, ge=1, description=(
         "Most characters in one input text, checked before tokenization so that huge texts cost nothing (422)."))

@@ -58,7 +58,8 @@ class ServiceState:
         self.checkpoint, self.engine = checkpoint, engine
         runners = plan_compute(s.concurrent_batches, device)
         self.batcher = Batcher(engine, self.metrics, s.max_batch_tokens, s.max_batch_size, s.max_wait_ms,
-                               s.max_queue_items, s.max_padding_fraction, runners=runners)
+                               s.max_queue_items, s.max_padding_fraction, runners=runners,
+                               runner_niceness=s.compute_niceness)
         self.batcher.start()
         self.ready = True
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, str(dtype).removeprefix("torch."),

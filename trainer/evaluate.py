@@ -50,15 +50,16 @@ def evaluate(model: BertForPreTraining, eval_set: EvalSet, device: torch.device,
     mlm_loss = mlm_correct = mlm_count = nsp_loss = nsp_correct = nsp_count = 0.0
     for batch, masked in eval_set.batches:
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            out = model(masked.input_ids.to(device), batch.token_type_ids.to(device),
-                        batch.attention_mask.to(device), mlm_positions=masked.positions.to(device))
+            mlm_logits, nsp_logits = model.pretraining_logits(
+                masked.input_ids.to(device), batch.token_type_ids.to(device), batch.attention_mask.to(device),
+                masked.positions.to(device))
         labels = masked.labels.to(device)
-        logits = out.mlm_logits.float()
+        logits = mlm_logits.float()
         mlm_loss += F.cross_entropy(logits, labels, reduction="sum").item()
         mlm_correct += (logits.argmax(-1) == labels).sum().item()
         mlm_count += labels.numel()
         nsp_labels = batch.nsp_labels.to(device)
-        nsp_logits = out.nsp_logits.float()
+        nsp_logits = nsp_logits.float()
         nsp_loss += F.cross_entropy(nsp_logits, nsp_labels, reduction="sum").item()
         nsp_correct += (nsp_logits.argmax(-1) == nsp_labels).sum().item()
         nsp_count += nsp_labels.numel()

@@ -67,7 +67,7 @@ def _device(choice: str, local_rank: int) -> torch.device:
     return device
 
 
-def _optimizer(model: BertForPreTraining, options: TrainOptions, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, options: TrainOptions, device: torch.device) -> torch.optim.AdamW:
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -140,7 +140,7 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     model = _build_model(options, data, resume)
     config = model.config
     model.to(device).train()
-    optimizer = _optimizer(model, options, device)
+    optimizer = build_optimizer(model, options, device)
     progress = Progress()
     if resume is not None:
         optimizer.load_state_dict(resume.optimizer_state)
@@ -150,7 +150,9 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     else:
         torch.manual_seed(options.seed * 7919 + rank)  # dropout stream, one per rank
 
-    wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) if world > 1 else model
+    step_module = _PreTrainingStep(model)
+    wrapped = (DistributedDataParallel(step_module, device_ids=[device.index] if device.type == "cuda" else None)
+               if world > 1 else step_module)
     step_model = torch.compile(wrapped) if options.compile else wrapped
     eval_set = build_eval_set(data.eval, data.tokenizer, config.vocab_size, options.max_seq_len,
                               options.mask_rate, options.eval_examples) if is_writer else None
@@ -181,19 +183,19 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     previous_handlers = {s: signal.signal(s, lambda signum, _frame: stop_signal.append(signum))
                          for s in (signal.SIGINT, signal.SIGTERM)}
     bar = _progress_bar(options, progress, enabled=is_writer and options.progress)
-    epoch_examples = _epoch(data, options, progress.epoch)
+    examples = epoch_examples(data, options, progress.epoch)
     window_tokens, window_start = 0, time.perf_counter()
     last_eval: dict | None = None
     try:
         while _run_progress(progress, options) < 1.0:
             step_start = time.perf_counter()
             start = progress.batch_in_epoch * options.batch_size
-            if start + options.batch_size > len(epoch_examples):
+            if start + options.batch_size > len(examples):
                 progress.epoch += 1
                 progress.batch_in_epoch = 0
-                epoch_examples = _epoch(data, options, progress.epoch)
+                examples = epoch_examples(data, options, progress.epoch)
                 continue
-            batch = collate(epoch_examples[start : start + options.batch_size], data.tokenizer)
+            batch = collate(examples[start : start + options.batch_size], data.tokenizer)
             generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
             masked = mask_tokens(batch.input_ids, batch.special_mask, generator, data.tokenizer.mask_id, replace,
                                  options.mask_rate)
@@ -251,6 +253,17 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     return output
 
 
+class _PreTrainingStep(torch.nn.Module):
+    """DDP and torch.compile wrap a module's `forward`; this one's is the model's `pretraining_logits`."""
+
+    def __init__(self, model: BertForPreTraining):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions):
+        return self.model.pretraining_logits(input_ids, token_type_ids, attention_mask, mlm_positions)
+
+
 def _build_model(options: TrainOptions, data, resume) -> BertForPreTraining:
     """The resumed model, the --init-from one, or a new model of the preset sized to the tokenizer."""
     if resume is not None:
@@ -289,9 +302,9 @@ def _step(step_model, wrapped, optimizer, batch: PairBatch, masked, options: Tra
         sync = nullcontext() if (index == options.grad_accum - 1 or world == 1) else wrapped.no_sync()
         with sync:
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                out = step_model(masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device),
-                                 part.attention_mask.to(device), mlm_positions=positions)
-            mlm_logits, nsp_logits = out.mlm_logits.float(), out.nsp_logits.float()
+                mlm_logits, nsp_logits = step_model(masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device),
+                                                    part.attention_mask.to(device), positions)
+            mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()
             nsp_labels = part.nsp_labels.to(device)
             mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
             nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
@@ -312,7 +325,7 @@ def _step(step_model, wrapped, optimizer, batch: PairBatch, masked, options: Tra
             "mlm_accuracy": totals["mlm_correct"] / max(local_masked, 1), "nsp_accuracy": totals["nsp_correct"] / per_rank}
 
 
-def _epoch(data, options: TrainOptions, epoch: int) -> list:
+def epoch_examples(data, options: TrainOptions, epoch: int) -> list:
     """Pairs are re-drawn every epoch (new A/B cuts and random partners), then shuffled."""
     examples = build_pairs(data.train, options.max_seq_len, seed=options.seed * 1000 + epoch,
                            short_seq_prob=options.short_seq_prob)
@@ -406,4 +419,4 @@ def _eta(progress: Progress, options: TrainOptions) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(max(0.0, remaining)))
 
 
-__all__ = ["Interrupted", "lr_factor", "train"]
+__all__ = ["Interrupted", "build_optimizer", "epoch_examples", "lr_factor", "train"]

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from model import PRESETS, BertConfig, BertForPreTraining, ConfigError
-from model.bert import Packing
+from model.bert import Dropout, Packing
 from tests.conftest import random_model
 
 VOCAB = 300
@@ -100,6 +100,60 @@ def test_packed_forward_equals_padded(lengths):
     assert packed.shape == (sum(lengths), model.config.hidden_size)
     torch.testing.assert_close(packed, padded[real], rtol=0, atol=1e-5)
     torch.testing.assert_close(packed[packing.starts], padded[:, 0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_pretraining_logits_equal_forward_with_the_same_gradients(padded: bool):
+    """The training path (last layer only at masked positions and [CLS]) is exact, forward and backward."""
+    model = random_model(VOCAB, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
+    ids, types, mask = batch(pairs=True, padded=padded)
+    positions = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(5)) < 0.3) & mask.bool()
+    positions[:, 0] = False
+    positions[2, 4] = True  # every row has one, and rows have different counts
+
+    full = model(ids, types, mask, mlm_positions=positions)
+    (full.mlm_logits.square().sum() + full.nsp_logits.square().sum()).backward()
+    want = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    mlm, nsp = model.pretraining_logits(ids, types, mask, positions)
+    (mlm.square().sum() + nsp.square().sum()).backward()
+
+    torch.testing.assert_close(mlm, full.mlm_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(nsp, full.nsp_logits, rtol=0, atol=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, want[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_dropout_rate_scale_and_seed():
+    layer = Dropout(0.1).train()
+    x = torch.ones(400_000)
+    torch.manual_seed(0)
+    out = layer(x)
+    assert abs(float((out == 0).float().mean()) - 0.1) < 0.003
+    torch.testing.assert_close(out[out != 0], torch.full_like(out[out != 0], 1 / 0.9))
+    torch.manual_seed(0)
+    assert torch.equal(layer(x), out)  # the torch RNG drives it: seeded runs repeat
+    assert not torch.equal(layer(x), out)
+    assert torch.equal(layer.eval()(x), x) and torch.equal(Dropout(0.0).train()(x), x)
+    x.requires_grad_(True)
+    layer.train()(x).sum().backward()
+    values = x.grad.unique()
+    assert len(values) == 2 and values[0] == 0 and values[1] == pytest.approx(1 / 0.9)
+    with pytest.raises(ValueError, match="not in"):
+        Dropout(1.0)
+
+
+def test_written_out_attention_with_dropout_equals_sdpa(monkeypatch):
+    """In training on CPU, attention is written out to use the cheap dropout; with dropout made the
+    identity it must give SDPA's answer (padding included)."""
+    model = random_model(VOCAB, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.2)
+    ids, types, mask = batch(pairs=True, padded=True)
+    with torch.no_grad():
+        want = model.eval()(ids, types, mask).last_hidden_state
+        monkeypatch.setattr("model.bert.dropout", lambda x, p, training: x)
+        got = model.train()(ids, types, mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-5)
 
 
 def test_decoder_is_tied_to_word_embeddings():

@@ -57,3 +57,26 @@ def test_the_oldest_input_is_always_served_first():
     b = batcher()
     queue(b, [500, 10, 10, 10])
     assert [e.length for e in b._select()] == [500]
+
+
+def test_compute_threads_run_at_the_asked_niceness():
+    """Linux: the runner threads are niced so the event loop keeps answering under a flood; the
+    calling thread (the HTTP side) keeps its priority."""
+    import os
+    import threading
+    import time
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    b = batcher(runners=2, runner_niceness=7)
+    b.start()
+    try:
+        runners = [t for t in threading.enumerate() if t.name.startswith("bert-runner-")]
+        assert len(runners) == 2
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(
+                os.getpriority(os.PRIO_PROCESS, t.native_id) != max(base, 7) for t in runners):
+            time.sleep(0.01)  # each thread sets its own priority as it starts
+        assert [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in runners] == [max(base, 7)] * 2
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    finally:
+        b.stop()

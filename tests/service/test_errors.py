@@ -131,6 +131,31 @@ async def test_full_queue_answers_429_with_retry_after(tiny_checkpoint):
         assert [r.status_code for r in await asyncio.gather(*accepted)] == [200] * len(accepted)
 
 
+async def test_concurrency_cap_refuses_at_once_before_reading_the_body(tiny_checkpoint):
+    GatedEngine.gate.clear()
+    GatedEngine.entered.clear()
+    async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_concurrent_requests=2, max_batch_size=1,
+                       concurrent_batches=1, warmup=False) as client:
+        held = [asyncio.ensure_future(client.post("/encode", json={"inputs": "a b c"})) for _ in range(2)]
+        assert await asyncio.to_thread(GatedEngine.entered.wait, 10)
+        try:
+            # Refused by the cap even though the body is not JSON: it is never read.
+            for body in ({"inputs": "third"}, "not json at all"):
+                refused = await client.post("/nsp", content=body if isinstance(body, str) else None,
+                                            json=body if isinstance(body, dict) else None,
+                                            headers={"content-type": "application/json"})
+                assert_error(refused, 429, "overloaded", "2 requests are being handled")
+                assert refused.headers["retry-after"] == "1"
+            assert (await client.get("/health")).status_code == 200  # only the JSON routes are capped
+        finally:
+            GatedEngine.gate.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+        # The slots are free again.
+        assert (await client.post("/encode", json={"inputs": "after"})).status_code == 200
+        metrics = (await client.get("/metrics")).text
+    assert 'bert_request_failures_total{error_type="overloaded",route="/nsp"} 2.0' in metrics
+
+
 async def test_queue_deadline_answers_503_and_skips_compute(tiny_checkpoint):
     GatedEngine.gate.clear()
     GatedEngine.entered.clear()

@@ -23,12 +23,13 @@ def test_every_request_is_answered_memory_stays_bounded_and_latency_recovers(bur
     assert set(result["statuses"]) <= {"200", "429", "503"}, result  # no hang, no transport error, no other 5xx
     assert not result["problems"], result["problems"]
     assert result["statuses"].get("200", 0) > 0 and result["statuses"].get("429", 0) > 0
-    assert result["offered_per_s"] >= 5 * result["capacity_per_s"], "the load generator fell far short of 10x"
+    assert result["offered_per_s"] >= 8 * result["capacity_per_s"], "the load generator fell far short of 10x"
     assert result["recovered_after_s"] < 10 and result["health_after"] == 200
     assert result["server_peak_rss_mib"] < 2048
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (RELIABILITY.md): under the burst, accepted requests wait "
-                                        "outside the app's queue (socket backlog, event loop) past the 30 s deadline")
 def test_accepted_requests_keep_a_bounded_p99(burst_result):
-    assert burst_result["accepted_p99_ms"] < 30_000
+    # Bounded by the admitted work (max_concurrent_requests ahead of it at the measured capacity), far
+    # under the 30 s queue deadline; refusals are immediate for most clients.
+    assert burst_result["accepted_p99_ms"] < 20_000, burst_result
+    assert burst_result["refused_p50_ms"] < 1_000, burst_result

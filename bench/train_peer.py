@@ -1,0 +1,111 @@
+"""The training peer: a plain `transformers.BertForPreTraining` loop, as a tutorial writes it.
+
+It sees exactly what our trainer sees (same tokenizer, pairs, batches, dynamic masks, optimizer
+groups, learning-rate schedule, clipping, seed and time budget) and differs only in how a step is
+computed: batches padded to --max-seq-len and the model's own loss, which projects every position
+onto the vocabulary. The checkpoint it writes is a Hugging Face directory, so `bench.training`
+evaluates it with the same code as ours.
+
+    python -m bench.train_peer --corpus ../shared/data/wikitext-2/wiki.valid.tokens \\
+        --eval-corpus ../shared/data/wikitext-2/wiki.test.tokens --output runs/peer --time-budget 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from model.config import BertConfig
+from trainer.data import prepare
+from trainer.examples import collate
+from trainer.loop import build_optimizer, epoch_examples, lr_factor
+from trainer.masking import mask_tokens, replaceable_ids
+from trainer.options import TrainOptions
+
+IGNORED = -100  # transformers' "no label here"
+
+
+def pad_to(tensor: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)
+
+
+def train_peer(options: TrainOptions) -> dict:
+    data = prepare(options)
+    tokenizer = data.tokenizer
+    torch.manual_seed(options.seed)
+    config = BertConfig.preset(options.preset, vocab_size=tokenizer.vocab_size,
+                               max_position_embeddings=max(512, options.max_seq_len), pad_token_id=tokenizer.pad_id)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict())).train()
+    optimizer = build_optimizer(model, options, torch.device("cpu"))
+    torch.manual_seed(options.seed * 7919)  # dropout stream
+    replace = replaceable_ids(tokenizer, config.vocab_size)
+    width = options.max_seq_len
+    budget_s = options.time_budget * 60 if options.time_budget else None
+
+    step = epoch = batch_in_epoch = tokens = 0
+    elapsed = 0.0
+    examples = epoch_examples(data, options, epoch)
+    while True:
+        progress = max(elapsed / budget_s if budget_s else 0.0, step / options.max_steps if options.max_steps else 0.0)
+        if progress >= 1.0:
+            break
+        start = batch_in_epoch * options.batch_size
+        if start + options.batch_size > len(examples):
+            epoch, batch_in_epoch = epoch + 1, 0
+            examples = epoch_examples(data, options, epoch)
+            continue
+        step_start = time.perf_counter()
+        batch = collate(examples[start : start + options.batch_size], tokenizer)
+        generator = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
+        masked = mask_tokens(batch.input_ids, batch.special_mask, generator, tokenizer.mask_id, replace, options.mask_rate)
+        labels = torch.full_like(masked.input_ids, IGNORED)
+        labels[masked.positions] = masked.labels
+        for group in optimizer.param_groups:
+            group["lr"] = options.lr * lr_factor(progress, options.warmup_fraction)
+        out = model(input_ids=pad_to(masked.input_ids, width, tokenizer.pad_id),
+                    token_type_ids=pad_to(batch.token_type_ids, width, 0),
+                    attention_mask=pad_to(batch.attention_mask, width, 0),
+                    labels=pad_to(labels, width, IGNORED), next_sentence_label=batch.nsp_labels)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        batch_in_epoch += 1
+        tokens += batch.num_real_tokens
+        elapsed += time.perf_counter() - step_start
+
+    model.save_pretrained(options.output, safe_serialization=True)
+    tokenizer.save(options.output)
+    summary = {"steps": step, "tokens_seen": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
+               "transformers_version": transformers.__version__}
+    (Path(options.output) / "peer_run.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--eval-corpus")
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--preset", default="mini")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=TrainOptions.lr)
+    parser.add_argument("--time-budget", type=float, help="minutes of training steps")
+    parser.add_argument("--max-steps", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", type=Path, default=TrainOptions.cache_dir)
+    args = parser.parse_args(argv)
+    options = TrainOptions(corpus=args.corpus, eval_corpus=args.eval_corpus, output=args.output, preset=args.preset,
+                           batch_size=args.batch_size, lr=args.lr, time_budget=args.time_budget,
+                           max_steps=args.max_steps, seed=args.seed, cache_dir=args.cache_dir, progress=False)
+    print(json.dumps(train_peer(options)))
+
+
+if __name__ == "__main__":
+    main()
