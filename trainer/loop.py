@@ -153,7 +153,8 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     step_module = _PreTrainingStep(model)
     wrapped = (DistributedDataParallel(step_module, device_ids=[device.index] if device.type == "cuda" else None)
                if world > 1 else step_module)
-    step_model = torch.compile(wrapped) if options.compile else wrapped
+    # Batch widths and masked-token counts change every step: compile for dynamic shapes, not one graph per shape.
+    step_model = torch.compile(wrapped, dynamic=True) if options.compile else wrapped
     eval_set = build_eval_set(data.eval, data.tokenizer, config.vocab_size, options.max_seq_len,
                               options.mask_rate, options.eval_examples) if is_writer else None
     replace = replaceable_ids(data.tokenizer, config.vocab_size)
