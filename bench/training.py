@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
+from bench.serving import WIKITEXT_TEST
 from model.bert import model_flops_per_token
 from model.checkpoint import load_checkpoint, read_metadata
 from trainer.data import prepare
 from trainer.evaluate import build_eval_set, evaluate
 from trainer.options import TrainOptions
 
-WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2"
+WIKITEXT = WIKITEXT_TEST.parent  # ../shared/data/wikitext-2, or $BERT_WIKITEXT_DIR
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> float:
