@@ -31,6 +31,10 @@ PAYLOAD = {"inputs": [f"sentence {i} " + "the river flows past the old mill and 
 CLIENTS = 32
 
 
+def percentile_ms(seconds: list[float], q: float) -> float | None:
+    return float(np.percentile(seconds, q)) * 1000 if seconds else None
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -113,10 +117,10 @@ async def burst(url: str, rate: float, seconds: float, timeout_s: float) -> dict
         "sent": sent,
         "offered_per_s": sent / offered_s,
         "statuses": dict(statuses),
-        "accepted_p50_ms": float(np.percentile(accepted_latencies, 50)) * 1000 if accepted_latencies else None,
-        "accepted_p99_ms": float(np.percentile(accepted_latencies, 99)) * 1000 if accepted_latencies else None,
-        "refused_p50_ms": float(np.percentile(refused_latencies, 50)) * 1000 if refused_latencies else None,
-        "refused_p99_ms": float(np.percentile(refused_latencies, 99)) * 1000 if refused_latencies else None,
+        "accepted_p50_ms": percentile_ms(accepted_latencies, 50),
+        "accepted_p99_ms": percentile_ms(accepted_latencies, 99),
+        "refused_p50_ms": percentile_ms(refused_latencies, 50),
+        "refused_p99_ms": percentile_ms(refused_latencies, 99),
         "problems": problems[:10],
     }
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -23,15 +24,23 @@ import transformers
 from model.config import BertConfig
 from trainer.data import prepare
 from trainer.examples import collate
-from trainer.loop import build_optimizer, epoch_examples, lr_factor
+from trainer.loop import build_optimizer, epoch_examples, lr_factor, run_progress
 from trainer.masking import mask_tokens, replaceable_ids
 from trainer.options import TrainOptions
+from trainer.state import Progress
 
 IGNORED = -100  # transformers' "no label here"
+PEER_RUN_FILE = "peer_run.json"
 
 
 def pad_to(tensor: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor, (0, width - tensor.shape[1]), value=value)
+
+
+def transformers_twin(config: BertConfig) -> transformers.BertForPreTraining:
+    """transformers' BertForPreTraining with our config; parameter names match, so state dicts move as they are."""
+    values = {k: v for k, v in config.to_dict().items() if k != "architectures"}
+    return transformers.BertForPreTraining(transformers.BertConfig(**values))
 
 
 def train_peer(options: TrainOptions) -> dict:
@@ -40,33 +49,28 @@ def train_peer(options: TrainOptions) -> dict:
     torch.manual_seed(options.seed)
     config = BertConfig.preset(options.preset, vocab_size=tokenizer.vocab_size,
                                max_position_embeddings=max(512, options.max_seq_len), pad_token_id=tokenizer.pad_id)
-    model = transformers.BertForPreTraining(transformers.BertConfig(**config.to_dict())).train()
+    model = transformers_twin(config).train()
     optimizer = build_optimizer(model, options, torch.device("cpu"))
     torch.manual_seed(options.seed * 7919)  # dropout stream
     replace = replaceable_ids(tokenizer, config.vocab_size)
     width = options.max_seq_len
-    budget_s = options.time_budget * 60 if options.time_budget else None
 
-    step = epoch = batch_in_epoch = tokens = 0
-    elapsed = 0.0
-    examples = epoch_examples(data, options, epoch)
-    while True:
-        progress = max(elapsed / budget_s if budget_s else 0.0, step / options.max_steps if options.max_steps else 0.0)
-        if progress >= 1.0:
-            break
-        start = batch_in_epoch * options.batch_size
+    progress = Progress()  # the trainer's own bookkeeping and schedule, so both runs stop alike
+    examples = epoch_examples(data, options, progress.epoch)
+    while (fraction := run_progress(progress, options)) < 1.0:
+        start = progress.batch_in_epoch * options.batch_size
         if start + options.batch_size > len(examples):
-            epoch, batch_in_epoch = epoch + 1, 0
-            examples = epoch_examples(data, options, epoch)
+            progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
+            examples = epoch_examples(data, options, progress.epoch)
             continue
         step_start = time.perf_counter()
         batch = collate(examples[start : start + options.batch_size], tokenizer)
-        generator = torch.Generator().manual_seed(options.seed * 1_000_003 + step)
+        generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
         masked = mask_tokens(batch.input_ids, batch.special_mask, generator, tokenizer.mask_id, replace, options.mask_rate)
         labels = torch.full_like(masked.input_ids, IGNORED)
         labels[masked.positions] = masked.labels
         for group in optimizer.param_groups:
-            group["lr"] = options.lr * lr_factor(progress, options.warmup_fraction)
+            group["lr"] = options.lr * lr_factor(fraction, options.warmup_fraction)
         out = model(input_ids=pad_to(masked.input_ids, width, tokenizer.pad_id),
                     token_type_ids=pad_to(batch.token_type_ids, width, 0),
                     attention_mask=pad_to(batch.attention_mask, width, 0),
@@ -75,16 +79,16 @@ def train_peer(options: TrainOptions) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        step += 1
-        batch_in_epoch += 1
-        tokens += batch.num_real_tokens
-        elapsed += time.perf_counter() - step_start
+        progress.step += 1
+        progress.batch_in_epoch += 1
+        progress.tokens_seen += batch.num_real_tokens
+        progress.elapsed_s += time.perf_counter() - step_start
 
     model.save_pretrained(options.output, safe_serialization=True)
     tokenizer.save(options.output)
-    summary = {"steps": step, "tokens_seen": tokens, "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
-               "transformers_version": transformers.__version__}
-    (Path(options.output) / "peer_run.json").write_text(json.dumps(summary, indent=2))
+    # The same "progress" record as our checkpoints' metadata, so bench.training reads both alike.
+    summary = {"progress": asdict(progress), "transformers_version": transformers.__version__}
+    (Path(options.output) / PEER_RUN_FILE).write_text(json.dumps(summary, indent=2))
     return summary
 
 

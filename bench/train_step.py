@@ -12,9 +12,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-import transformers
 
-from bench.train_peer import IGNORED
+from bench.train_peer import IGNORED, transformers_twin
 from model import BertConfig, BertForPreTraining
 
 
@@ -30,8 +29,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     ours = BertForPreTraining(BertConfig.preset(args.preset, vocab_size=args.vocab)).train()
-    config = {k: v for k, v in ours.config.to_dict().items() if k != "architectures"}
-    peer = transformers.BertForPreTraining(transformers.BertConfig(**config)).train()
+    peer = transformers_twin(ours.config).train()
     peer.load_state_dict(ours.state_dict(), strict=False)
     ids = torch.randint(5, args.vocab, (args.batch, args.seq_len))
     types = torch.zeros_like(ids)

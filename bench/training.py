@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from bench.serving import WIKITEXT_TEST
+from bench.train_peer import PEER_RUN_FILE
 from model.bert import model_flops_per_token
 from model.checkpoint import load_checkpoint, read_metadata
 from trainer.data import prepare
@@ -89,12 +90,9 @@ def main(argv: list[str] | None = None) -> None:
         eval_set = build_eval_set(data.eval, checkpoint.tokenizer, checkpoint.config.vocab_size, options.max_seq_len,
                                   options.mask_rate, examples=1_000_000)  # every held-out pair
         scores = evaluate(checkpoint.model, eval_set, torch.device("cpu"))
-        if system == "ours":
-            progress = read_metadata(directory)["progress"]
-            steps, tokens, seconds = progress["step"], progress["tokens_seen"], progress["elapsed_s"]
-        else:
-            run_info = json.loads((directory / "peer_run.json").read_text())
-            steps, tokens, seconds = run_info["steps"], run_info["tokens_seen"], run_info["elapsed_s"]
+        record = read_metadata(directory) if system == "ours" else json.loads((directory / PEER_RUN_FILE).read_text())
+        progress = record["progress"]
+        steps, tokens, seconds = progress["step"], progress["tokens_seen"], progress["elapsed_s"]
         flops_per_token = 3 * model_flops_per_token(checkpoint.config, options.max_seq_len, options.mask_rate)
         rows.append({"system": system, "steps": steps, "tokens_per_s": tokens / seconds,
                      "model_gflops_per_s": tokens / seconds * flops_per_token / 1e9,

@@ -84,7 +84,7 @@ def lr_factor(progress: float, warmup: float) -> float:
     return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - warmup))
 
 
-def _run_progress(progress: Progress, options: TrainOptions) -> float:
+def run_progress(progress: Progress, options: TrainOptions) -> float:
     parts = []
     if options.max_steps is not None:
         parts.append(progress.step / options.max_steps)
@@ -188,7 +188,7 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
     window_tokens, window_start = 0, time.perf_counter()
     last_eval: dict | None = None
     try:
-        while _run_progress(progress, options) < 1.0:
+        while run_progress(progress, options) < 1.0:
             step_start = time.perf_counter()
             start = progress.batch_in_epoch * options.batch_size
             if start + options.batch_size > len(examples):
@@ -200,7 +200,7 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
             generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
             masked = mask_tokens(batch.input_ids, batch.special_mask, generator, data.tokenizer.mask_id, replace,
                                  options.mask_rate)
-            factor = lr_factor(_run_progress(progress, options), options.warmup_fraction)
+            factor = lr_factor(run_progress(progress, options), options.warmup_fraction)
             for group in optimizer.param_groups:
                 group["lr"] = options.lr * factor
             stats = _step(step_model, wrapped, optimizer, batch, masked, options, rank, world, device, autocast_dtype)
@@ -222,7 +222,7 @@ def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Pat
                 bar.set_postfix(loss=f"{stats['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
                                 eta=_eta(progress, options))
             bar.update(1)
-            done = _run_progress(progress, options) >= 1.0
+            done = run_progress(progress, options) >= 1.0
             if is_writer and (progress.step % options.eval_every == 0 or done):
                 last_eval = evaluate(model, eval_set, device, autocast_dtype)
                 log_row({"step": progress.step, "eval": last_eval})
@@ -413,11 +413,11 @@ def _progress_bar(options: TrainOptions, progress: Progress, enabled: bool):
 
 
 def _eta(progress: Progress, options: TrainOptions) -> str:
-    fraction = _run_progress(progress, options)
+    fraction = run_progress(progress, options)
     if fraction <= 0:
         return "?"
     remaining = progress.elapsed_s * (1 - fraction) / fraction
     return time.strftime("%H:%M:%S", time.gmtime(max(0.0, remaining)))
 
 
-__all__ = ["Interrupted", "build_optimizer", "epoch_examples", "lr_factor", "train"]
+__all__ = ["Interrupted", "build_optimizer", "epoch_examples", "lr_factor", "run_progress", "train"]

@@ -8,17 +8,15 @@ import sys
 
 import torch
 import torch.nn.functional as F
-import transformers
 
-from bench.train_peer import IGNORED, pad_to
+from bench.train_peer import IGNORED, pad_to, transformers_twin
 from tests.conftest import REPO_ROOT, random_model
 
 
 def test_peer_loss_equals_our_training_loss():
     """Same weights, same batch: the peer's padded full-vocabulary loss is our masked-positions loss."""
     ours = random_model(300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
-    config = {k: v for k, v in ours.config.to_dict().items() if k != "architectures"}
-    peer = transformers.BertForPreTraining(transformers.BertConfig(**config)).train()
+    peer = transformers_twin(ours.config).train()
     peer.load_state_dict(ours.state_dict(), strict=False)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 300, (4, 20), generator=g)
