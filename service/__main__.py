@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 self.should_exit = True
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_keep_alive=settings.keep_alive_s,
                             timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False)
     server = Server(config)
     failed: list[Exception] = []

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
         "Requests on /encode, /fill-mask and /nsp handled at once; beyond it 429 with Retry-After at once, before "
         "the body is read (like text-embeddings-inference's --max-concurrent-requests). Lower bounds the wait of "
         "accepted requests under a flood; higher lets more clients queue."))
+    keep_alive_s: float = Field(75.0, gt=0, description=(
+        "Seconds an idle client connection stays open. Longer than clients keep idle connections (httpx 5 s, "
+        "browsers about 60 s), so a client never sends a request on a connection the server is closing."))
     max_inputs_per_request: int = Field(64, ge=1, description="Most inputs in one request (422 beyond).")
     max_input_chars: int = Field(50_000, ge=1, description=(
         "Most characters in one input text, checked before tokenization so that huge texts cost nothing (422)."))
