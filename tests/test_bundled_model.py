@@ -29,3 +29,11 @@ def test_model_card_reports_the_measured_metrics_and_attribution():
     assert f"| next-sentence accuracy | {evaluation['nsp_accuracy']:.1%} |" in card
     assert "wiki.valid.tokens" in metadata["data"]["train"] and "wiki.test.tokens" in metadata["data"]["eval"]
     assert "Creative Commons Attribution-ShareAlike" in card and "python -m trainer" in card
+
+
+def test_readme_states_the_bundled_models_measured_accuracy():
+    evaluation = json.loads((DEFAULT_CHECKPOINT / "training_metadata.json").read_text())["eval"]
+    readme = (DEFAULT_CHECKPOINT.parents[1] / "README.md").read_text()
+    assert f"**{evaluation['mlm_accuracy']:.1%} masked-token accuracy** (perplexity {evaluation['mlm_perplexity']:.0f})" \
+        in readme
+    assert f"{evaluation['nsp_accuracy']:.1%} next-sentence accuracy" in readme
