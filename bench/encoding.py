@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for concurrency in args.concurrency:
             for fmt in ("float", "base64"):
-                request = lambda text, fmt=fmt: ("/encode", {"inputs": text, "pooling": "none",  # noqa: E731
+                request = lambda texts, fmt=fmt: ("/encode", {"inputs": texts[0], "pooling": "none",  # noqa: E731
                                                              "truncate": True, "encoding_format": fmt})
                 asyncio.run(drive(url, texts[:64], concurrency, 2.0, token_counts, request))  # warm-up
                 latencies, _, tokens, seconds = asyncio.run(drive(url, texts, concurrency, args.duration,

@@ -4,7 +4,8 @@ Rows: this service (default settings), the same with batching off (max_batch_siz
 limit (the engine on pre-tokenized, length-sorted batches at the best batch size: no HTTP, no queue),
 and the naive peer (transformers, one forward per request). Inputs: real sentences from WikiText-2's
 test split, mixed lengths, or a fixed length with --fixed-length N. Each client sends one input per
-request to /encode (mean pooling) and waits for the answer before sending the next.
+request (or --inputs-per-request N) to /encode (mean pooling) and waits for the answer before
+sending the next.
 
     python -m bench.serving --checkpoint checkpoints/mini-wikitext2 --concurrency 1 8 32 128
 """
@@ -16,10 +17,12 @@ import asyncio
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -73,18 +76,24 @@ def metric(text: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def encode_request(text: str) -> tuple[str, dict]:
-    return "/encode", {"inputs": text, "pooling": "mean", "truncate": True}
+def one_or_many(texts: list[str]) -> str | list[str]:
+    """A single input is sent as a string (the common case), several as a list."""
+    return texts[0] if len(texts) == 1 else texts
+
+
+def encode_request(texts: list[str]) -> tuple[str, dict]:
+    return "/encode", {"inputs": one_or_many(texts), "pooling": "mean", "truncate": True}
 
 
 def infinity_request(model: str):
     """Infinity's OpenAI-style route; it mean-pools (and normalises) as sentence-transformers does."""
-    return lambda text: ("/embeddings", {"model": model, "input": [text]})
+    return lambda texts: ("/embeddings", {"model": model, "input": texts})
 
 
 async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],
-                request=encode_request):
-    """`concurrency` clients, each with its own connection, send one input per request until time is up.
+                request=encode_request, inputs_per_request: int = 1):
+    """`concurrency` clients, each with its own connection, send `inputs_per_request` inputs per request
+    and wait for the answer before sending the next, until time is up.
 
     Each client has its own `httpx.AsyncClient`: one shared pool of many connections costs the load
     generator far more CPU per request as concurrency grows (against a server that answers instantly,
@@ -97,19 +106,19 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
 
     async def worker(offset: int):
         nonlocal sequences, tokens
-        i = offset
+        i = offset * inputs_per_request
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
             while time.perf_counter() < stop_at:
-                text = texts[i % len(texts)]
-                i += concurrency
+                chosen = [texts[(i + k) % len(texts)] for k in range(inputs_per_request)]
+                i += concurrency * inputs_per_request
                 started = time.perf_counter()
-                path, payload = request(text)
+                path, payload = request(chosen)
                 response = await client.post(path, json=payload)
                 if response.status_code != 200:  # the benchmark counts only full answers; any error stops it
                     raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
                 latencies.append(time.perf_counter() - started)
-                sequences += 1
-                tokens += token_counts[text]
+                sequences += len(chosen)
+                tokens += sum(token_counts[t] for t in chosen)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(k) for k in range(concurrency)))
@@ -118,10 +127,12 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
 
 
 def measure_http(system: str, url: str, texts, concurrency: int, duration: float, token_counts,
-                 request=encode_request) -> Row:
-    asyncio.run(drive(url, texts[:64], concurrency, min(2.0, duration / 3), token_counts, request))  # warm-up
+                 request=encode_request, inputs_per_request: int = 1) -> Row:
+    asyncio.run(drive(url, texts[:64], concurrency, min(2.0, duration / 3), token_counts, request,
+                      inputs_per_request))  # warm-up
     before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
-    latencies, sequences, tokens, seconds = asyncio.run(drive(url, texts, concurrency, duration, token_counts, request))
+    latencies, sequences, tokens, seconds = asyncio.run(drive(url, texts, concurrency, duration, token_counts, request,
+                                                              inputs_per_request))
     row = Row(system, concurrency, len(latencies), seconds, len(latencies) / seconds, sequences / seconds,
               tokens / seconds, *(float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99)))
     if system.startswith("service"):
@@ -135,8 +146,16 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
     return row
 
 
-def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, int, float]:
-    """The engine alone on pre-tokenized, length-sorted batches; the best batch size wins."""
+def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, str, float, dict[str, float]]:
+    """The engine alone on pre-tokenized batches of similar lengths: no HTTP, no queue.
+
+    Every arrangement runs whole passes over all the inputs, visiting the batches in a shuffled
+    order, so it computes the same mix of lengths as the HTTP rows (stopping part-way through a
+    length-sorted pass would count only the short inputs). Tried: one batch at a time on all the
+    cores, and, on CPU, one batch per core in parallel (as the service runs); each at batch sizes
+    1 to 128. The best is the limit; the whole sweep (sequences/s by arrangement) comes back too,
+    since best / batch 1 bounds what batching can gain on this device.
+    """
     from model import load_checkpoint
     from service.engine import Engine, Item, pick_device, pick_dtype
 
@@ -153,27 +172,51 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
         engine.run(batch)
         singles.append(time.perf_counter() - started)
     single_ms = float(np.median(singles)) * 1000
-    best = None
-    for batch_size in (8, 16, 32, 64, 128):
-        batches = [engine.collate(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
-        engine.run(batches[len(batches) // 2])  # warm-up
-        done_sequences = done_tokens = 0
-        started = time.perf_counter()
-        while time.perf_counter() - started < duration / 5:
-            for batch in batches:
-                engine.run(batch)
-                done_sequences += len(batch.items)
-                done_tokens += batch.real_tokens
-                if time.perf_counter() - started >= duration / 5:
-                    break
-        seconds = time.perf_counter() - started
-        costs = [engine.flops(len(b.items), b.packing.width, b.real_tokens, b.real_square_tokens) for b in batches]
-        row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds, done_sequences / seconds,
-                  done_tokens / seconds, 0, 0, 0, mean_batch=batch_size,
-                  padding=sum(w for _, w in costs) / sum(f for f, _ in costs))
-        if best is None or row.sequences_per_s > best.sequences_per_s:
-            best = row
-    return best, best.mean_batch, single_ms
+    cores = torch.get_num_threads()
+    arrangements = [1] + ([cores] if device.type == "cpu" and cores > 1 else [])  # batches in parallel
+    best = best_label = None
+    sweep: dict[str, float] = {}
+    for parallel in arrangements:
+        torch.set_num_threads(max(1, cores // parallel))
+        for batch_size in BATCH_SIZES:
+            batches = [engine.collate(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
+            random.Random(0).shuffle(batches)
+            engine.run(batches[0])  # warm-up
+            seconds, passes = _whole_passes(engine, batches, parallel, duration / (len(BATCH_SIZES) * len(arrangements)))
+            costs = [engine.flops(len(b.items), b.packing.width, b.real_tokens, b.real_square_tokens) for b in batches]
+            done_sequences, done_tokens = passes * len(items), passes * sum(b.real_tokens for b in batches)
+            row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds,
+                      done_sequences / seconds, done_tokens / seconds, 0, 0, 0, mean_batch=batch_size,
+                      padding=sum(w for _, w in costs) / sum(f for f, _ in costs))
+            label = f"batch {batch_size}" + (f" x {parallel} in parallel" if parallel > 1 else "")
+            sweep[label] = row.sequences_per_s
+            print(f"  limit {label:28s} {row.sequences_per_s:8.1f} seq/s", file=sys.stderr)
+            if best is None or row.sequences_per_s > best.sequences_per_s:
+                best, best_label = row, label
+    torch.set_num_threads(cores)
+    return best, best_label, single_ms, sweep
+
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _whole_passes(engine, batches: list, parallel: int, budget_s: float) -> tuple[float, int]:
+    """Run complete passes over `batches` (each split among `parallel` threads) until `budget_s` has
+    passed; returns (seconds, passes), at least one pass."""
+    def run_share(share):
+        for batch in share:
+            engine.run(batch)
+
+    passes = 0
+    started = time.perf_counter()
+    while passes == 0 or time.perf_counter() - started < budget_s:
+        if parallel == 1:
+            run_share(batches)
+        else:
+            with ThreadPoolExecutor(parallel) as pool:
+                list(pool.map(run_share, [batches[k::parallel] for k in range(parallel)]))
+        passes += 1
+    return time.perf_counter() - started, passes
 
 
 def main(argv=None) -> int:
@@ -183,6 +226,8 @@ def main(argv=None) -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per row")
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--fixed-length", type=int, default=None, help="word pieces per input (default: mixed)")
+    parser.add_argument("--inputs-per-request", type=int, default=1,
+                        help="inputs each request carries (default 1; bulk clients send several)")
     parser.add_argument("--systems", nargs="+", default=["service", "service-nobatch", "naive"],
                         choices=["service", "service-nobatch", "naive", "infinity"])
     parser.add_argument("--infinity", default=shutil.which("infinity_emb"),
@@ -201,8 +246,11 @@ def main(argv=None) -> int:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"device {'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
 
-    limit, best_batch, single_ms = measure_limit(args.checkpoint, texts, args.duration)
+    limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration)
     print(f"# one forward pass of one input (median over lengths): {single_ms:.2f} ms")
+    print("# in-process sequences/s by batch size: " + ", ".join(f"{k} {v:.0f}" for k, v in sweep.items()))
+    unbatched = max(v for k, v in sweep.items() if k.startswith("batch 1 ") or k == "batch 1")
+    print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
     rows = [limit]
     servers = {
         "service": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint)],
@@ -224,7 +272,7 @@ def main(argv=None) -> int:
         try:
             for concurrency in args.concurrency:
                 row = measure_http(system, url, texts, concurrency, args.duration, token_counts,
-                                   requests.get(system, encode_request))
+                                   requests.get(system, encode_request), args.inputs_per_request)
                 row.vs_limit = row.sequences_per_s / limit.sequences_per_s
                 rows.append(row)
                 print(f"  {system:16s} c={concurrency:<4d} {row.sequences_per_s:8.1f} seq/s  p50 {row.p50_ms:7.1f} ms",
@@ -235,19 +283,19 @@ def main(argv=None) -> int:
         finally:
             process.terminate()
             process.wait(timeout=60)
-    print(table(rows, best_batch))
+    print(table(rows, best_arrangement))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0
 
 
-def table(rows: list[Row], best_batch) -> str:
+def table(rows: list[Row], best_arrangement: str) -> str:
     head = ("| system | concurrency | req/s | seq/s | tokens/s | p50 ms | p95 ms | p99 ms | mean batch | padding | "
             "vs limit |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-        conc = f"– (batch {best_batch})" if r.concurrency == 0 else str(r.concurrency)
+        conc = f"– ({best_arrangement})" if r.concurrency == 0 else str(r.concurrency)
         lines.append(f"| {r.system} | {conc} | {r.requests_per_s:.1f} | {r.sequences_per_s:.1f} | {r.tokens_per_s:,.0f} | "
                      f"{fmt(r.p50_ms or None, '.1f')} | {fmt(r.p95_ms or None, '.1f')} | {fmt(r.p99_ms or None, '.1f')} | "
                      f"{fmt(r.mean_batch, '.1f')} | {fmt(r.padding, '.1%')} | {fmt(r.vs_limit, '.2f')} |")

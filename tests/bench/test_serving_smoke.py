@@ -26,3 +26,15 @@ def test_serving_benchmark_runs_every_system(tiny_checkpoint, tmp_path):
     service = [r for r in rows if r["system"] == "service"]
     assert all(r["mean_batch"] >= 1 and 0 <= r["padding"] < 1 and r["vs_limit"] > 0 for r in service)
     assert "| system | concurrency |" in result.stdout
+
+
+def test_cpu_budget_accounts_for_the_machine(tiny_checkpoint):
+    """The CPU budget names the load generator, the server's threads (runners by name) and idle time,
+    and what it accounts for cannot exceed the machine."""
+    from bench.cpu_budget import measure
+
+    result = measure(tiny_checkpoint, concurrency=2, inputs_per_request=2, seconds=1.0)
+    assert result["sequences_per_s"] > 0 and result["mean_batch"] >= 1
+    assert "event loop" in result["threads"] and any(n.startswith("bert-runner-") for n in result["threads"])
+    accounted = result["load_generator_cores"] + result["idle_cores"] + sum(c for c, _ in result["threads"].values())
+    assert 0 < accounted <= result["cores"] * 1.1
