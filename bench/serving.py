@@ -1,7 +1,7 @@
 """Serving benchmark: every row measured in one run, same machine, same checkpoint, same inputs.
 
 Rows: this service (default settings), the same with batching off (max_batch_size=1), the in-process
-limit (the engine on pre-tokenized, length-sorted batches at the best batch size: no HTTP, no queue),
+limit (the engine on pre-tokenized batches of similar lengths, best batch size and arrangement: no HTTP, no queue),
 and the naive peer (transformers, one forward per request). Inputs: real sentences from WikiText-2's
 test split, mixed lengths, or a fixed length with --fixed-length N. Each client sends one input per
 request (or --inputs-per-request N) to /encode (mean pooling) and waits for the answer before
