@@ -19,30 +19,22 @@ from pathlib import Path
 
 import httpx
 
-from bench.serving import REPO_ROOT, drive, metric, sentences
-from bench.server_process import free_port, start
+from bench.server_process import start_service
+from bench.serving import REPO_ROOT, count_tokens, drive, metric_delta, sentences
 
 
-def thread_times(pid: int) -> dict[int, tuple[int, int]]:
-    """Per thread: (ns on a CPU, ns runnable but waiting for one)."""
+def thread_times(pid: int) -> dict[int, tuple[str, int, int]]:
+    """Per thread: (its OS-level name, ns on a CPU, ns runnable but waiting for one)."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
+        task = Path(f"/proc/{pid}/task/{tid}")
         try:
-            on_cpu, waiting, _ = map(int, Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split())
+            on_cpu, waiting, _ = map(int, (task / "schedstat").read_text().split())
+            name = (task / "comm").read_text().strip()
         except (FileNotFoundError, ProcessLookupError):  # the thread ended between listing and reading
             continue
-        out[int(tid)] = (on_cpu, waiting)
+        out[int(tid)] = (name, on_cpu, waiting)
     return out
-
-
-def thread_names(pid: int) -> dict[int, str]:
-    names = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            names[int(tid)] = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return names
 
 
 def machine_idle_ticks() -> tuple[int, int]:
@@ -56,11 +48,8 @@ def measure(checkpoint: Path, concurrency: int, inputs_per_request: int, seconds
 
     tokenizer = load_checkpoint(checkpoint).tokenizer
     texts = sentences(2000, None, tokenizer)
-    token_counts = {t: len(e.ids) for t, e in zip(texts, tokenizer.encode_batch(texts, truncate=True))}
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = start([sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port),
-                     *server_args], url)
+    token_counts = count_tokens(tokenizer, texts)
+    process, url = start_service(checkpoint, *server_args)
     try:
         asyncio.run(drive(url, texts[:64], concurrency, 2.0, token_counts, inputs_per_request=inputs_per_request))
         metrics_before = httpx.get(url + "/metrics").text
@@ -71,28 +60,26 @@ def measure(checkpoint: Path, concurrency: int, inputs_per_request: int, seconds
         wall = time.perf_counter() - started
         threads_after, idle_after, self_after = thread_times(process.pid), machine_idle_ticks(), _own_cpu_s()
         metrics_after = httpx.get(url + "/metrics").text
-        names = thread_names(process.pid)
     finally:
         process.terminate()
         process.wait(timeout=60)
     cores = os.cpu_count() or 1
     idle_share = (idle_after[0] - idle_before[0]) / max(1, idle_after[1] - idle_before[1])
     threads: dict[str, list[float]] = {}
-    for tid, (on_cpu, waiting) in threads_after.items():
-        before = threads_before.get(tid, (0, 0))
-        label = "event loop" if tid == process.pid else names.get(tid, str(tid))
-        slot = threads.setdefault(label, [0.0, 0.0])
-        slot[0] += (on_cpu - before[0]) / 1e9 / wall
-        slot[1] += (waiting - before[1]) / 1e9 / wall
-    delta = lambda name: metric(metrics_after, name) - metric(metrics_before, name)  # noqa: E731
-    batches = delta("bert_batch_sequences_count")
+    for tid, (name, on_cpu, waiting) in threads_after.items():
+        _, on_cpu_before, waiting_before = threads_before.get(tid, (name, 0, 0))
+        slot = threads.setdefault("event loop" if tid == process.pid else name, [0.0, 0.0])
+        slot[0] += (on_cpu - on_cpu_before) / 1e9 / wall
+        slot[1] += (waiting - waiting_before) / 1e9 / wall
+    batches = metric_delta(metrics_before, metrics_after, "bert_batch_sequences_count")
     return {
         "sequences_per_s": sequences / run_s,
         "cores": cores,
         "load_generator_cores": (self_after - self_before) / wall,
         "idle_cores": idle_share * cores,
         "threads": threads,  # label -> [cores on a CPU, cores' worth of time runnable but waiting]
-        "mean_batch": delta("bert_items_computed_total") / batches if batches else None,
+        "mean_batch": metric_delta(metrics_before, metrics_after, "bert_items_computed_total") / batches
+        if batches else None,
     }
 
 

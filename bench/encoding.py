@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from bench.server_process import start_service
-from bench.serving import REPO_ROOT, drive, sentences
+from bench.serving import REPO_ROOT, count_tokens, drive, sentences
 from service.outputs import encode_result
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_checkpoint(args.checkpoint).tokenizer
     texts = sentences(2000, None, tokenizer)
-    token_counts = {t: len(e.ids) for t, e in zip(texts, tokenizer.encode_batch(texts, truncate=True))}
+    token_counts = count_tokens(tokenizer, texts)
     print(f"# in-process: one response of {args.batch} inputs, "
           f"{sum(token_counts[t] for t in texts[:args.batch])} token vectors")
     print("| format | serialize ms | bytes | client decode ms |\n|---|---|---|---|")

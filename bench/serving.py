@@ -76,6 +76,16 @@ def metric(text: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def metric_delta(before: str, after: str, name: str) -> float:
+    """How much a Prometheus counter grew between two /metrics texts."""
+    return metric(after, name) - metric(before, name)
+
+
+def count_tokens(tokenizer, texts: list[str]) -> dict[str, int]:
+    """Tokens per input as the service counts them (specials included, truncated to the model's limit)."""
+    return {t: len(e.ids) for t, e in zip(texts, tokenizer.encode_batch(texts, truncate=True))}
+
+
 def one_or_many(texts: list[str]) -> str | list[str]:
     """A single input is sent as a string (the common case), several as a list."""
     return texts[0] if len(texts) == 1 else texts
@@ -137,24 +147,25 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
               tokens / seconds, *(float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99)))
     if system.startswith("service"):
         after = httpx.get(url + "/metrics").text
-        batches = metric(after, "bert_batch_sequences_count") - metric(before, "bert_batch_sequences_count")
-        items = metric(after, "bert_items_computed_total") - metric(before, "bert_items_computed_total")
-        flops = metric(after, "bert_model_flops_total") - metric(before, "bert_model_flops_total")
-        waste = metric(after, "bert_model_flops_padding_total") - metric(before, "bert_model_flops_padding_total")
+        batches = metric_delta(before, after, "bert_batch_sequences_count")
+        items = metric_delta(before, after, "bert_items_computed_total")
+        flops = metric_delta(before, after, "bert_model_flops_total")
+        waste = metric_delta(before, after, "bert_model_flops_padding_total")
         row.mean_batch = items / batches if batches else None
         row.padding = waste / flops if flops else None
     return row
 
 
-def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, str, float, dict[str, float]]:
+def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, tuple[int, int], float,
+                                                                               dict[tuple[int, int], float]]:
     """The engine alone on pre-tokenized batches of similar lengths: no HTTP, no queue.
 
     Every arrangement runs whole passes over all the inputs, visiting the batches in a shuffled
     order, so it computes the same mix of lengths as the HTTP rows (stopping part-way through a
     length-sorted pass would count only the short inputs). Tried: one batch at a time on all the
     cores, and, on CPU, one batch per core in parallel (as the service runs); each at batch sizes
-    1 to 128. The best is the limit; the whole sweep (sequences/s by arrangement) comes back too,
-    since best / batch 1 bounds what batching can gain on this device.
+    1 to 128. The best is the limit; the whole sweep (sequences/s by (batch size, batches in
+    parallel)) comes back too, since best / batch 1 bounds what batching can gain on this device.
     """
     from model import load_checkpoint
     from service.engine import Engine, Item, pick_device, pick_dtype
@@ -174,8 +185,8 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
     single_ms = float(np.median(singles)) * 1000
     cores = torch.get_num_threads()
     arrangements = [1] + ([cores] if device.type == "cpu" and cores > 1 else [])  # batches in parallel
-    best = best_label = None
-    sweep: dict[str, float] = {}
+    best = best_arrangement = None
+    sweep: dict[tuple[int, int], float] = {}
     for parallel in arrangements:
         torch.set_num_threads(max(1, cores // parallel))
         for batch_size in BATCH_SIZES:
@@ -188,13 +199,17 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
             row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds,
                       done_sequences / seconds, done_tokens / seconds, 0, 0, 0, mean_batch=batch_size,
                       padding=sum(w for _, w in costs) / sum(f for f, _ in costs))
-            label = f"batch {batch_size}" + (f" x {parallel} in parallel" if parallel > 1 else "")
-            sweep[label] = row.sequences_per_s
-            print(f"  limit {label:28s} {row.sequences_per_s:8.1f} seq/s", file=sys.stderr)
+            sweep[batch_size, parallel] = row.sequences_per_s
+            print(f"  limit {arrangement_label(batch_size, parallel):28s} {row.sequences_per_s:8.1f} seq/s",
+                  file=sys.stderr)
             if best is None or row.sequences_per_s > best.sequences_per_s:
-                best, best_label = row, label
+                best, best_arrangement = row, (batch_size, parallel)
     torch.set_num_threads(cores)
-    return best, best_label, single_ms, sweep
+    return best, best_arrangement, single_ms, sweep
+
+
+def arrangement_label(batch_size: int, parallel: int) -> str:
+    return f"batch {batch_size}" + (f" x {parallel} in parallel" if parallel > 1 else "")
 
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -240,7 +255,7 @@ def main(argv=None) -> int:
 
     tokenizer = load_checkpoint(args.checkpoint).tokenizer
     texts = sentences(args.sentences, args.fixed_length, tokenizer)
-    token_counts = {t: len(e.ids) for t, e in zip(texts, tokenizer.encode_batch(texts, truncate=True))}
+    token_counts = count_tokens(tokenizer, texts)
     lengths = list(token_counts.values())
     print(f"# {len(texts)} inputs, tokens per input: mean {np.mean(lengths):.1f}, min {min(lengths)}, max {max(lengths)}")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
@@ -248,8 +263,9 @@ def main(argv=None) -> int:
 
     limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration)
     print(f"# one forward pass of one input (median over lengths): {single_ms:.2f} ms")
-    print("# in-process sequences/s by batch size: " + ", ".join(f"{k} {v:.0f}" for k, v in sweep.items()))
-    unbatched = max(v for k, v in sweep.items() if k.startswith("batch 1 ") or k == "batch 1")
+    print("# in-process sequences/s by batch size: " + ", ".join(
+        f"{arrangement_label(*arrangement)} {rate:.0f}" for arrangement, rate in sweep.items()))
+    unbatched = max(rate for (batch_size, _), rate in sweep.items() if batch_size == 1)
     print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
     rows = [limit]
     servers = {
@@ -283,7 +299,7 @@ def main(argv=None) -> int:
         finally:
             process.terminate()
             process.wait(timeout=60)
-    print(table(rows, best_arrangement))
+    print(table(rows, arrangement_label(*best_arrangement)))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0

@@ -122,7 +122,7 @@ class Batcher:
     # ---- packing (packer thread) ---------------------------------------------------------------
 
     def _pack_loop(self) -> None:
-        name_os_thread("bert-packer")
+        name_os_thread()
         while True:
             with self._cond:
                 chosen = self._wait_and_select()
@@ -229,7 +229,7 @@ class Batcher:
     # ---- running (runner thread) ---------------------------------------------------------------
 
     def _run_loop(self) -> None:
-        name_os_thread(threading.current_thread().name)
+        name_os_thread()
         lower_thread_priority(self.runner_niceness)
         while True:
             with self._cond:
@@ -309,9 +309,10 @@ class Batcher:
         self._fail([entry], error)
 
 
-def name_os_thread(name: str) -> None:
-    """Give the calling thread its name at the OS level too (Linux, 15 characters), so that `top -H`,
-    py-spy and /proc show which thread is the packer and which are the runners."""
+def name_os_thread() -> None:
+    """Give the calling thread its Python name at the OS level too (Linux, 15 characters), so that
+    `top -H`, py-spy and /proc show which thread is the packer and which are the runners."""
+    name = threading.current_thread().name
     try:
         libc = ctypes.CDLL(None)
         libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)

@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 from model import load_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
+from tests.conftest import REPO_ROOT
 
 
 def test_bundled_model_is_compact_half_precision_and_loads():
@@ -33,7 +34,7 @@ def test_model_card_reports_the_measured_metrics_and_attribution():
 
 def test_readme_states_the_bundled_models_measured_accuracy():
     evaluation = json.loads((DEFAULT_CHECKPOINT / "training_metadata.json").read_text())["eval"]
-    readme = (DEFAULT_CHECKPOINT.parents[1] / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     assert f"**{evaluation['mlm_accuracy']:.1%} masked-token accuracy** (perplexity {evaluation['mlm_perplexity']:.0f})" \
         in readme
     assert f"{evaluation['nsp_accuracy']:.1%} next-sentence accuracy" in readme
