@@ -1,23 +1,27 @@
-"""The BERT network, its WordPiece tokenizer and the checkpoint directory format."""
+"""The BERT network, its WordPiece tokenizer and the checkpoint directory format.
 
-from model.bert import BertForPreTraining, BertModel, PreTrainingOutput, model_flops_per_token
-from model.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
-from model.config import PRESETS, BertConfig, ConfigError
-from model.tokenizer import SPECIAL_TOKENS, TokenizerError, WordPieceTokenizer
+Names are imported on first use: `import model.config` or `model.tokenizer` must not pay for torch
+(the trainer's --help and its corpus-preparation workers import them).
+"""
 
-__all__ = [
-    "PRESETS",
-    "SPECIAL_TOKENS",
-    "BertConfig",
-    "BertForPreTraining",
-    "BertModel",
-    "Checkpoint",
-    "CheckpointError",
-    "ConfigError",
-    "PreTrainingOutput",
-    "TokenizerError",
-    "WordPieceTokenizer",
-    "load_checkpoint",
-    "model_flops_per_token",
-    "save_checkpoint",
-]
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "BertForPreTraining": "model.bert", "BertModel": "model.bert", "PreTrainingOutput": "model.bert",
+    "model_flops_per_token": "model.flops",
+    "Checkpoint": "model.checkpoint", "CheckpointError": "model.checkpoint", "load_checkpoint": "model.checkpoint",
+    "save_checkpoint": "model.checkpoint",
+    "PRESETS": "model.config", "BertConfig": "model.config", "ConfigError": "model.config",
+    "SPECIAL_TOKENS": "model.tokenizer", "TokenizerError": "model.tokenizer", "WordPieceTokenizer": "model.tokenizer",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value

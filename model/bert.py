@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import BertConfig
+from model.dropout import Dropout, dropout
+from model.packing import Packing
 
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -26,40 +28,6 @@ _ACTIVATIONS = {
     "silu": F.silu,
     "swish": F.silu,
 }
-
-
-class Dropout(nn.Module):
-    """nn.Dropout with cheaper random numbers on CPU; elsewhere exactly F.dropout.
-
-    On CPU, `bernoulli_` draws one random number per element and took 14% of a `mini` training step
-    (BENCHMARKS.md). Here each 64-bit draw gives four 16-bit uniforms, so p is rounded to a multiple of
-    1/65536 (0.1 becomes 0.100006), which no training run can tell apart. The torch RNG is used, so
-    runs stay seeded and a resumed run continues the same stream.
-    """
-
-    def __init__(self, p: float):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability {p} is not in [0, 1)")
-        self.p = p
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu":
-        return F.dropout(x, p, training=True)
-    count = x.numel()
-    draws = torch.randint(-(2**63), 2**63 - 1, ((count + 3) // 4,), dtype=torch.int64, device=x.device)
-    uniform16 = draws.view(torch.int16)[:count].view(x.shape)  # uniform over [-32768, 32767]
-    scale = (uniform16 >= round(p * 65536) - 32768).to(x.dtype).mul_(1.0 / (1.0 - p))
-    return x * scale  # a plain product: on CPU 2.5x faster forward + backward than torch.where
 
 
 class BertEmbeddings(nn.Module):
@@ -79,54 +47,6 @@ class BertEmbeddings(nn.Module):
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
-
-
-@dataclass
-class Packing:
-    """B sequences of different lengths laid out without padding: their N real tokens back to back.
-
-    Every layer but attention works token by token, so embeddings, projections, feed-forward and
-    LayerNorm (nearly all the FLOPs of short inputs) run on the N real tokens only. Attention alone
-    needs the padded (B, T) layout: each layer scatters q/k/v into it and gathers the result back.
-    """
-
-    indices: torch.Tensor  # (N,) where each real token sits in the flattened (B*T) padded layout
-    rows: torch.Tensor  # (N,) which sequence each token belongs to
-    positions: torch.Tensor  # (N,) each token's position within its sequence
-    starts: torch.Tensor  # (B,) where each sequence starts in the packed layout (its [CLS])
-    key_mask: torch.Tensor | None  # (B, 1, 1, T) boolean SDPA mask, None when all lengths are equal
-    batch: int
-    width: int
-
-    @classmethod
-    def from_lengths(cls, lengths: list[int]) -> Packing:
-        sizes = torch.tensor(lengths)
-        width = int(sizes.max())
-        rows = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
-        starts = torch.cumsum(sizes, 0) - sizes
-        positions = torch.arange(int(sizes.sum())) - starts[rows]
-        key_mask = None
-        if int(sizes.min()) != width:
-            key_mask = (torch.arange(width)[None, :] < sizes[:, None])[:, None, None, :]
-        return cls(rows * width + positions, rows, positions, starts, key_mask, len(lengths), width)
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
-        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
-                       move(self.key_mask), self.batch, self.width)
-
-    def pad(self, packed: torch.Tensor) -> torch.Tensor:
-        """(N, D) -> (B, T, D), zeros where there is no token."""
-        if self.key_mask is None:  # equal lengths: the packed layout is the padded one
-            return packed.view(self.batch, self.width, -1)
-        padded = packed.new_zeros(self.batch * self.width, packed.shape[-1]).index_copy(0, self.indices, packed)
-        return padded.view(self.batch, self.width, -1)
-
-    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (N, D)."""
-        if self.key_mask is None:
-            return padded.reshape(self.batch * self.width, -1)
-        return padded.reshape(self.batch * self.width, -1).index_select(0, self.indices)
 
 
 Mask = torch.Tensor | Packing | None  # a (B, 1, 1, T) key mask for padded input, a Packing for packed input
@@ -424,6 +344,14 @@ class BertForPreTraining(nn.Module):
             raise RuntimeError("this checkpoint has no next-sentence head")
         return self.cls.seq_relationship(pooled_output)  # (B, 2)
 
+    def nsp_logits_from_cls(self, cls_vectors: torch.Tensor) -> torch.Tensor:
+        """(B, H) last-layer [CLS] vectors -> (B, 2) next-sentence logits, through the pooler."""
+        return self.nsp_logits(self.bert.pooler.pool(cls_vectors))
+
+    def encode_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """Packed (N,) ids -> (N, H) last hidden states, computed without padding (see Packing)."""
+        return self.bert.forward_packed(input_ids, token_type_ids, packing)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -469,35 +397,4 @@ class BertForPreTraining(nn.Module):
         return total
 
 
-def _dense_flops_per_token(config: BertConfig) -> int:
-    """Projections and feed-forward of every layer (multiply-add = 2)."""
-    h = config.hidden_size
-    return config.num_hidden_layers * (4 * h * h + 2 * h * config.intermediate_size) * 2
-
-
-def _attention_flops_per_pair(config: BertConfig) -> int:
-    """QK^T and AV for one (query, key) pair, over every layer."""
-    return config.num_hidden_layers * 2 * config.hidden_size * 2
-
-
-def model_flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float = 1.0) -> float:
-    """Forward FLOPs per token (multiply-add = 2): dense layers, attention scores, MLM head."""
-    h = config.hidden_size
-    head = (h * h + h * config.vocab_size) * 2 * mlm_fraction
-    return float(_dense_flops_per_token(config) + _attention_flops_per_pair(config) * seq_len + head)
-
-
-def packed_batch_flops(config: BertConfig, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
-    """(encoder FLOPs of one packed batch, the part spent on padding).
-
-    Token-wise layers see the `real` tokens only. Attention runs in the padded (count, longest)
-    layout: count x longest^2 query-key pairs are computed where `real_squares` (the sum of squared
-    lengths) are needed, and that difference is the only waste.
-    """
-    pair = _attention_flops_per_pair(config)
-    computed_pairs = count * longest ** 2
-    return float(_dense_flops_per_token(config) * real + pair * computed_pairs), float(pair * (computed_pairs - real_squares))
-
-
-__all__ = ["BertForPreTraining", "BertModel", "Dropout", "Packing", "PreTrainingOutput", "key_padding_mask",
-           "model_flops_per_token", "packed_batch_flops"]
+__all__ = ["BertForPreTraining", "BertModel", "PreTrainingOutput", "key_padding_mask"]

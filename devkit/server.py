@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from devkit.paths import REPO_ROOT
 
 
 def free_port() -> int:

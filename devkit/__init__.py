@@ -1,0 +1,1 @@
+"""Development-only helpers shared by the tests and the benchmarks (never imported by the product)."""

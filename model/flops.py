@@ -1,0 +1,35 @@
+"""How many FLOPs a BERT forward pass costs: for MFU figures and for pricing padding in the batcher."""
+
+from __future__ import annotations
+
+from model.config import BertConfig
+
+
+def _dense_flops_per_token(config: BertConfig) -> int:
+    """Projections and feed-forward of every layer (multiply-add = 2)."""
+    h = config.hidden_size
+    return config.num_hidden_layers * (4 * h * h + 2 * h * config.intermediate_size) * 2
+
+
+def _attention_flops_per_pair(config: BertConfig) -> int:
+    """QK^T and AV for one (query, key) pair, over every layer."""
+    return config.num_hidden_layers * 2 * config.hidden_size * 2
+
+
+def model_flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float = 1.0) -> float:
+    """Forward FLOPs per token (multiply-add = 2): dense layers, attention scores, MLM head."""
+    h = config.hidden_size
+    head = (h * h + h * config.vocab_size) * 2 * mlm_fraction
+    return float(_dense_flops_per_token(config) + _attention_flops_per_pair(config) * seq_len + head)
+
+
+def packed_batch_flops(config: BertConfig, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
+    """(encoder FLOPs of one packed batch, the part spent on padding).
+
+    Token-wise layers see the `real` tokens only. Attention runs in the padded (count, longest)
+    layout: count x longest^2 query-key pairs are computed where `real_squares` (the sum of squared
+    lengths) are needed, and that difference is the only waste.
+    """
+    pair = _attention_flops_per_pair(config)
+    computed_pairs = count * longest ** 2
+    return float(_dense_flops_per_token(config) * real + pair * computed_pairs), float(pair * (computed_pairs - real_squares))

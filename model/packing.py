@@ -1,0 +1,55 @@
+"""The packed (padding-free) layout of a batch of sequences of different lengths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Packing:
+    """B sequences of different lengths laid out without padding: their N real tokens back to back.
+
+    Every layer but attention works token by token, so embeddings, projections, feed-forward and
+    LayerNorm (nearly all the FLOPs of short inputs) run on the N real tokens only. Attention alone
+    needs the padded (B, T) layout: each layer scatters q/k/v into it and gathers the result back.
+    """
+
+    indices: torch.Tensor  # (N,) where each real token sits in the flattened (B*T) padded layout
+    rows: torch.Tensor  # (N,) which sequence each token belongs to
+    positions: torch.Tensor  # (N,) each token's position within its sequence
+    starts: torch.Tensor  # (B,) where each sequence starts in the packed layout (its [CLS])
+    key_mask: torch.Tensor | None  # (B, 1, 1, T) boolean SDPA mask, None when all lengths are equal
+    batch: int
+    width: int
+
+    @classmethod
+    def from_lengths(cls, lengths: list[int]) -> Packing:
+        sizes = torch.tensor(lengths)
+        width = int(sizes.max())
+        rows = torch.repeat_interleave(torch.arange(len(lengths)), sizes)
+        starts = torch.cumsum(sizes, 0) - sizes
+        positions = torch.arange(int(sizes.sum())) - starts[rows]
+        key_mask = None
+        if int(sizes.min()) != width:
+            key_mask = (torch.arange(width)[None, :] < sizes[:, None])[:, None, None, :]
+        return cls(rows * width + positions, rows, positions, starts, key_mask, len(lengths), width)
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
+        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
+                       move(self.key_mask), self.batch, self.width)
+
+    def pad(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N, D) -> (B, T, D), zeros where there is no token."""
+        if self.key_mask is None:  # equal lengths: the packed layout is the padded one
+            return packed.view(self.batch, self.width, -1)
+        padded = packed.new_zeros(self.batch * self.width, packed.shape[-1]).index_copy(0, self.indices, packed)
+        return padded.view(self.batch, self.width, -1)
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (N, D)."""
+        if self.key_mask is None:
+            return padded.reshape(self.batch * self.width, -1)
+        return padded.reshape(self.batch * self.width, -1).index_select(0, self.indices)
