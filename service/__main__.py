@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    state = app.state.service
+    runtime = app.state.runtime
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             # Health turns 503 and new requests are refused at once; accepted ones finish; then exit 0.
             # (uvicorn's own handler re-raises the signal after shutdown, which would end us with -15.)
-            state.draining = True
+            runtime.lifecycle.drain()
             if self.should_exit and sig == signal.SIGINT:
                 self.force_exit = True
             elif settings.drain_seconds > 0:

@@ -1,9 +1,9 @@
-"""Dynamic batching. Knows nothing of HTTP; decides *when* and *what* runs together.
+"""Dynamic batching. Knows nothing of HTTP, nor which model runs; decides *when* and *what* runs together.
 
 Every input of every request is one entry in one queue. Threads serve it:
-- the packer picks the next batch (anchored on the oldest entry, filled with entries of similar
-  length under the token budget, so padding stays small) and collates it while the device is busy
-  with the current one: one batch is always ready ahead;
+- the packer picks the next batch (`choose_batch`: anchored on the oldest entry, filled with entries
+  of similar length under the token budget, so padding stays small) and collates it while the device
+  is busy with the current one: one batch is always ready ahead;
 - one runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) feeds
   prepared batches to the engine and fans each item's result back to its request's future on the
   event loop.
@@ -14,24 +14,55 @@ Entries whose client went away are dropped before compute, entries past their de
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
-import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from service.engine import Batch, Engine, Item, ItemResult, is_out_of_memory
 from service.errors import ServiceError
 from service.metrics import Metrics
+from service.threads import lower_thread_priority, name_os_thread
 
 log = logging.getLogger("service")
 
 
+class PreparedBatch(Protocol):
+    size: int
+    real_tokens: int
+    padded_tokens: int
+    flops: float
+    padding_flops: float
+
+
+class BatchEngine(Protocol):
+    """What the batcher needs of an engine."""
+
+    def collate(self, items: list[Any]) -> PreparedBatch: ...
+    def run(self, batch: PreparedBatch) -> list[Any]: ...
+    def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]: ...
+    def release_cached_memory(self) -> None: ...
+    def is_out_of_memory(self, exc: BaseException) -> bool: ...
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How batches are formed and how much may wait (see the Settings fields of the same names)."""
+
+    max_batch_tokens: int
+    max_batch_size: int
+    max_wait_s: float = 0.0
+    max_queue_items: int = 4096
+    max_padding_fraction: float = 1.0
+    runners: int = 1  # batches computed at once
+    runner_niceness: int = 0
+
+
 @dataclass
 class Ticket:
-    """Shared by the entries of one request; the route sets `cancelled` when the client disconnects."""
+    """Shared by the entries of one request; the caller sets `cancelled` when its client goes away."""
 
     deadline: float  # time.monotonic() by which the entries must reach the device
     cancelled: bool = False
@@ -39,7 +70,7 @@ class Ticket:
 
 @dataclass
 class Entry:
-    item: Item
+    item: Any  # anything with len() = its tokens
     ticket: Ticket
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
@@ -48,6 +79,51 @@ class Entry:
     @property
     def length(self) -> int:
         return len(self.item)
+
+
+Flops = Callable[[int, int, int, int], tuple[float, float]]
+
+
+def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops) -> list[Entry]:
+    """The oldest entry (queue[0]) plus neighbours in length order, while the batch stays within the
+    token budget, the sequence cap and the padding cap.
+
+    Batches run packed (no padding in the token-wise layers), so padding costs only attention work:
+    the cap is on the share of the batch's FLOPs spent on it, which stays near zero for short inputs
+    of any mix and grows when long and short inputs share a batch. Each step takes the side (shorter
+    or longer neighbour) that wastes less. Entries left out go into the next batch.
+    """
+    by_length = sorted(queue, key=lambda e: e.length)
+    anchor = by_length.index(queue[0])
+    lo, hi = anchor, anchor + 1  # chosen = by_length[lo:hi]
+    longest = real = by_length[anchor].length
+    squares = longest ** 2
+
+    def waste(new_longest: int, new_real: int, new_squares: int, count: int) -> float | None:
+        """Padding share of the batch's compute, or None when it breaks the token budget or the cap."""
+        if new_longest * count > policy.max_batch_tokens:
+            return None
+        total, padding = flops(count, new_longest, new_real, new_squares)
+        share = padding / total
+        return share if share <= policy.max_padding_fraction else None
+
+    while hi - lo < policy.max_batch_size:
+        count = hi - lo + 1
+        options = []
+        for side, index in (("shorter", lo - 1), ("longer", hi)):
+            if 0 <= index < len(by_length):
+                n = by_length[index].length
+                share = waste(max(longest, n), real + n, squares + n * n, count)
+                if share is not None:
+                    options.append((share, side, n))
+        if not options:
+            break
+        _, side, n = min(options)
+        lo, hi = (lo - 1, hi) if side == "shorter" else (lo, hi + 1)
+        longest = max(longest, n)
+        real += n
+        squares += n * n
+    return by_length[lo:hi]
 
 
 def _resolve(future: asyncio.Future, value=None, error: BaseException | None = None) -> None:
@@ -60,21 +136,13 @@ def _resolve(future: asyncio.Future, value=None, error: BaseException | None = N
 
 
 class Batcher:
-    def __init__(self, engine: Engine, metrics: Metrics, max_batch_tokens: int, max_batch_size: int,
-                 max_wait_ms: float, max_queue_items: int, max_padding_fraction: float = 1.0, runners: int = 1,
-                 runner_niceness: int = 0):
+    def __init__(self, engine: BatchEngine, policy: BatchPolicy, metrics: Metrics):
         self.engine = engine
+        self.policy = policy
         self.metrics = metrics
-        self.max_batch_tokens = max_batch_tokens
-        self.max_batch_size = max_batch_size
-        self.max_wait_s = max_wait_ms / 1000
-        self.max_queue_items = max_queue_items
-        self.max_padding_fraction = max_padding_fraction
-        self.runners = runners
-        self.runner_niceness = runner_niceness
         self._queue: deque[Entry] = deque()
         self._cond = threading.Condition()
-        self._prepared: tuple[list[Entry], Batch] | None = None  # the one batch ready ahead
+        self._prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
         self._running = 0  # runners inside engine.run
         self._stopping = False
         self._packer_finished = False  # set by the packer once stopping and the queue is empty
@@ -84,7 +152,8 @@ class Batcher:
     # ---- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        workers = [(self._pack_loop, "bert-packer")] + [(self._run_loop, f"bert-runner-{n}") for n in range(self.runners)]
+        workers = [(self._pack_loop, "bert-packer")] + [(self._run_loop, f"bert-runner-{n}")
+                                                         for n in range(self.policy.runners)]
         for target, name in workers:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -104,13 +173,13 @@ class Batcher:
 
     # ---- submission (event loop) ---------------------------------------------------------------
 
-    def submit(self, items: list[Item], ticket: Ticket) -> list[asyncio.Future]:
+    def submit(self, items: list, ticket: Ticket) -> list[asyncio.Future]:
         loop = asyncio.get_running_loop()
         with self._cond:
             if self._stopping:
                 raise ServiceError("unavailable", "the server is shutting down")
-            if len(self._queue) + len(items) > self.max_queue_items:
-                wait = self._recent_batch_s * max(1, len(self._queue) / max(1, self.max_batch_size))
+            if len(self._queue) + len(items) > self.policy.max_queue_items:
+                wait = self._recent_batch_s * max(1, len(self._queue) / max(1, self.policy.max_batch_size))
                 raise ServiceError("overloaded", f"the queue is full ({len(self._queue)} inputs waiting); retry later",
                                    retry_after_s=wait)
             entries = [Entry(item, ticket, loop.create_future(), loop) for item in items]
@@ -142,21 +211,28 @@ class Batcher:
 
     def _wait_and_select(self) -> list[Entry] | None:
         """Under the lock: wait until there is something to run and nowhere for it to wait, then pick it."""
+        policy = self.policy
         while True:
             self._drop_dead_entries()
             if self._stopping and not self._queue:
                 return None
             if self._prepared is None and self._queue:
-                idle = self._running < self.runners
-                short = sum(e.length for e in self._queue) < self.max_batch_tokens // 2 and \
-                    len(self._queue) < self.max_batch_size
+                idle = self._running < policy.runners
+                short = sum(e.length for e in self._queue) < policy.max_batch_tokens // 2 and \
+                    len(self._queue) < policy.max_batch_size
                 waited = time.monotonic() - self._queue[0].enqueued_at
                 # Wait for company only when the device would otherwise sit idle with a small batch.
-                if not (idle and short and waited < self.max_wait_s and not self._stopping):
-                    return self._select()
-                self._cond.wait(self.max_wait_s - waited)
+                if not (idle and short and waited < policy.max_wait_s and not self._stopping):
+                    return self._take(choose_batch(self._queue, policy, self.engine.flops))
+                self._cond.wait(policy.max_wait_s - waited)
                 continue
             self._cond.wait(self._next_deadline_in())
+
+    def _take(self, chosen: list[Entry]) -> list[Entry]:
+        chosen_ids = {id(e) for e in chosen}
+        self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
+        self.metrics.queue_depth.set(len(self._queue))
+        return chosen
 
     def _next_deadline_in(self) -> float | None:
         if not self._queue:
@@ -180,57 +256,11 @@ class Batcher:
             self._queue = alive
             self.metrics.queue_depth.set(len(alive))
 
-    def _select(self) -> list[Entry]:
-        """The oldest entry plus neighbours in length order, while the batch stays within the token
-        budget, the sequence cap and the padding cap.
-
-        Batches run packed (no padding in the token-wise layers), so padding costs only attention
-        work: the cap is on the share of the batch's FLOPs spent on it, which stays near zero for
-        short inputs of any mix and grows when long and short inputs share a batch. Each step takes
-        the side (shorter or longer neighbour) that wastes less. Entries left out go into the next
-        batch, which is prepared while this one runs.
-        """
-        by_length = sorted(self._queue, key=lambda e: e.length)
-        anchor = by_length.index(self._queue[0])
-        lo, hi = anchor, anchor + 1  # chosen = by_length[lo:hi]
-        longest = real = by_length[anchor].length
-        squares = longest ** 2
-
-        def waste(new_longest: int, new_real: int, new_squares: int, count: int) -> float | None:
-            """Padding share of the batch's compute, or None when it breaks the token budget or the cap."""
-            if new_longest * count > self.max_batch_tokens:
-                return None
-            total, padding = self.engine.flops(count, new_longest, new_real, new_squares)
-            share = padding / total
-            return share if share <= self.max_padding_fraction else None
-
-        while hi - lo < self.max_batch_size:
-            count = hi - lo + 1
-            options = []
-            for side, index in (("shorter", lo - 1), ("longer", hi)):
-                if 0 <= index < len(by_length):
-                    n = by_length[index].length
-                    share = waste(max(longest, n), real + n, squares + n * n, count)
-                    if share is not None:
-                        options.append((share, side, n))
-            if not options:
-                break
-            _, side, n = min(options)
-            lo, hi = (lo - 1, hi) if side == "shorter" else (lo, hi + 1)
-            longest = max(longest, n)
-            real += n
-            squares += n * n
-        chosen = by_length[lo:hi]
-        chosen_ids = {id(e) for e in chosen}
-        self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
-        self.metrics.queue_depth.set(len(self._queue))
-        return chosen
-
-    # ---- running (runner thread) ---------------------------------------------------------------
+    # ---- running (runner threads) --------------------------------------------------------------
 
     def _run_loop(self) -> None:
         name_os_thread()
-        lower_thread_priority(self.runner_niceness)
+        lower_thread_priority(self.policy.runner_niceness)
         while True:
             with self._cond:
                 while self._prepared is None and not self._packer_finished:
@@ -248,7 +278,7 @@ class Batcher:
                     self._running -= 1
                     self._cond.notify_all()
 
-    def _run_batch(self, chosen: list[Entry], batch: Batch) -> None:
+    def _run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> None:
         alive = [e for e in chosen if not e.ticket.cancelled]
         if len(alive) != len(chosen):  # a client left while its batch waited: do not compute it
             for entry in chosen:
@@ -262,12 +292,13 @@ class Batcher:
             self.metrics.queue_seconds.observe(now - entry.enqueued_at)
         self._run_splitting(alive, batch)
 
-    def _run_splitting(self, entries: list[Entry], batch: Batch) -> None:
+    def _run_splitting(self, entries: list[Entry], batch: PreparedBatch) -> None:
         started = time.perf_counter()
         try:
             results = self.engine.run(batch)
         except Exception as exc:  # noqa: BLE001 - failures fan out to this batch's entries only
-            if is_out_of_memory(exc) and len(entries) > 1:
+            out_of_memory = self.engine.is_out_of_memory(exc)
+            if out_of_memory and len(entries) > 1:
                 self.metrics.batch_splits.inc()
                 log.warning("out of memory on a batch of %d; splitting it", len(entries))
                 self.engine.release_cached_memory()
@@ -275,7 +306,7 @@ class Batcher:
                 for part in (entries[:half], entries[half:]):
                     self._run_splitting(part, self.engine.collate([e.item for e in part]))
                 return
-            if is_out_of_memory(exc):
+            if out_of_memory:
                 error = ServiceError("unavailable", "the input does not fit in device memory", retry_after_s=5)
             else:
                 log.exception("batch of %d failed", len(entries))
@@ -284,18 +315,7 @@ class Batcher:
             return
         elapsed = time.perf_counter() - started
         self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
-        m = self.metrics
-        m.inference_seconds.observe(elapsed)
-        m.batch_sequences.observe(len(entries))
-        flops, padding_flops = self.engine.flops(len(batch.items), batch.packing.width, batch.real_tokens,
-                                                 batch.real_square_tokens)
-        m.batch_tokens.observe(batch.real_tokens)
-        m.batch_padding.observe(padding_flops / flops)
-        m.items_computed.inc(len(entries))
-        m.tokens_real.inc(batch.real_tokens)
-        m.tokens_padded.inc(batch.padded_tokens)
-        m.flops.inc(flops)
-        m.flops_padding.inc(padding_flops)
+        self.metrics.observe_batch(elapsed, batch)
         for entry, result in zip(entries, results):
             entry.loop.call_soon_threadsafe(_resolve, entry.future, result)
 
@@ -309,34 +329,4 @@ class Batcher:
         self._fail([entry], error)
 
 
-def name_os_thread() -> None:
-    """Give the calling thread its Python name at the OS level too (Linux, 15 characters), so that
-    `top -H`, py-spy and /proc show which thread is the packer and which are the runners."""
-    name = threading.current_thread().name
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the names are only cosmetic
-        pass
-
-
-PR_SET_NAME = 15
-
-
-def lower_thread_priority(niceness: int) -> None:
-    """Raise the calling thread's nice value to `niceness` (Linux schedules threads one by one).
-
-    Compute threads run at a lower priority than the thread that accepts and refuses requests: under
-    a flood the event loop still gets the CPU it needs to answer 429 at once, while the device threads
-    lose only the little time that takes.
-    """
-    if niceness <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        thread_id = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread_id, max(niceness, os.getpriority(os.PRIO_PROCESS, thread_id)))
-    except OSError as exc:  # not permitted here: run at the normal priority
-        log.warning("cannot lower the compute threads' priority: %s", exc)
-
-
-__all__ = ["Batcher", "Entry", "ItemResult", "Ticket"]
+__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "Ticket", "choose_batch"]

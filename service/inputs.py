@@ -1,16 +1,16 @@
-"""Request inputs -> tokenized work items, with every input check that needs the tokenizer.
+"""Request inputs -> tokenized, typed work items, with every input check that needs the tokenizer.
 
-Runs off the device thread: on the event loop for small requests (cheaper than a thread hop), in a
-worker thread for large ones (see ServiceState.tokenize).
+Plain functions of the tokenizer and the limits; the front door runs them on the event loop for
+small requests (cheaper than a thread hop) and in a worker thread for large ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.tokenizer import MASK, WordPieceTokenizer
-from service.engine import Item
+from model.tokenizer import MASK, EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
+from service.tasks import EncodeItem, FillMaskItem, NspItem, Pooling
 
 
 @dataclass
@@ -42,7 +42,7 @@ def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
                 raise ServiceError("validation", f"{field}[{index}] contains a lone surrogate (not valid Unicode)")
 
 
-def _encode(tokenizer: WordPieceTokenizer, entries: list, truncate: bool, field: str = "inputs"):
+def _encode(tokenizer: WordPieceTokenizer, entries: list, truncate: bool, field: str = "inputs") -> list[EncodedText]:
     encoded = tokenizer.encode_batch([tuple(e) if isinstance(e, list) else e for e in entries], truncate=truncate)
     for index, e in enumerate(encoded):
         if len(e.ids) > tokenizer.model_max_length:
@@ -51,48 +51,48 @@ def _encode(tokenizer: WordPieceTokenizer, entries: list, truncate: bool, field:
     return encoded
 
 
-def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: str, normalize: bool, truncate: bool,
-                 limits: Limits) -> tuple[list[Item], list[list[str]]]:
+def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: Pooling, normalize: bool, truncate: bool,
+                 limits: Limits) -> tuple[list[EncodeItem], list[list[str]]]:
+    """Items, and each input's tokens as text."""
     entries = _as_list(inputs, lambda x: isinstance(x, str))
     _check_texts(entries, limits)
     encoded = _encode(tokenizer, entries, truncate)
-    items = [Item(e.ids, e.type_ids, "encode", pooling=pooling, normalize=normalize) for e in encoded]
+    items = [EncodeItem(e.ids, e.type_ids, pooling=pooling, normalize=normalize) for e in encoded]
     return items, [e.tokens for e in encoded]
 
 
+def target_token_ids(tokenizer: WordPieceTokenizer, targets: list[str]) -> list[int]:
+    if not targets:
+        raise ServiceError("validation", "targets is empty; leave it out to score the whole vocabulary")
+    found = []
+    for target in targets:
+        pieces = tokenizer.tokenize_words([target])[0]
+        if len(pieces) != 1 or pieces[0] == tokenizer.unk_id:
+            raise ServiceError("validation", f"target {target!r} is not a single vocabulary token "
+                                             f"(it tokenizes to {len(pieces)} pieces)")
+        found.append(pieces[0])
+    return list(dict.fromkeys(found))
+
+
 def fill_mask_items(tokenizer: WordPieceTokenizer, inputs, top_k: int, targets: list[str] | None, truncate: bool,
-                    limits: Limits) -> tuple[list[Item], list[list[int]]]:
+                    limits: Limits) -> list[FillMaskItem]:
     if not 1 <= top_k <= limits.max_top_k:
         raise ServiceError("validation", f"top_k must be between 1 and {limits.max_top_k}, got {top_k}")
     texts = _as_list(inputs, lambda x: isinstance(x, str))
     _check_texts(texts, limits)
-    target_ids = None
-    if targets is not None:
-        if not targets:
-            raise ServiceError("validation", "targets is empty; leave it out to score the whole vocabulary")
-        target_ids = []
-        for target in targets:
-            pieces = tokenizer.tokenize_words([target])[0]
-            if len(pieces) != 1 or pieces[0] == tokenizer.unk_id:
-                raise ServiceError("validation", f"target {target!r} is not a single vocabulary token "
-                                                 f"(it tokenizes to {len(pieces)} pieces)")
-            target_ids.append(pieces[0])
-        target_ids = list(dict.fromkeys(target_ids))
-    encoded = _encode(tokenizer, texts, truncate)
-    items, ids = [], []
-    for index, e in enumerate(encoded):
+    target_ids = None if targets is None else target_token_ids(tokenizer, targets)
+    items = []
+    for index, e in enumerate(_encode(tokenizer, texts, truncate)):
         positions = [p for p, t in enumerate(e.ids) if t == tokenizer.mask_id]
         if not positions:
             raise ServiceError("validation", f"inputs[{index}] has no {MASK} token"
                                              + (" left after truncation" if truncate and MASK in texts[index] else ""))
         k = top_k if target_ids is None else min(top_k, len(target_ids))  # as the HF pipeline does
-        items.append(Item(e.ids, e.type_ids, "fill_mask", top_k=k, target_ids=target_ids, mask_positions=positions))
-        ids.append(e.ids)
-    return items, ids
+        items.append(FillMaskItem(e.ids, e.type_ids, mask_positions=positions, top_k=k, target_ids=target_ids))
+    return items
 
 
-def nsp_items(tokenizer: WordPieceTokenizer, inputs, truncate: bool, limits: Limits) -> list[Item]:
+def nsp_items(tokenizer: WordPieceTokenizer, inputs, truncate: bool, limits: Limits) -> list[NspItem]:
     pairs = _as_list(inputs, lambda x: len(x) == 2 and all(isinstance(s, str) for s in x))
     _check_texts(pairs, limits)
-    encoded = _encode(tokenizer, pairs, truncate)
-    return [Item(e.ids, e.type_ids, "nsp") for e in encoded]
+    return [NspItem(e.ids, e.type_ids) for e in _encode(tokenizer, pairs, truncate)]

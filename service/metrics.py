@@ -43,5 +43,17 @@ class Metrics:
         self.flops_padding = Counter("bert_model_flops_padding", "The part of bert_model_flops spent on padding.",
                                      registry=r)
 
+    def observe_batch(self, seconds: float, batch) -> None:
+        """One computed batch (anything with size, real_tokens, padded_tokens, flops, padding_flops)."""
+        self.inference_seconds.observe(seconds)
+        self.batch_sequences.observe(batch.size)
+        self.batch_tokens.observe(batch.real_tokens)
+        self.batch_padding.observe(batch.padding_flops / batch.flops)
+        self.items_computed.inc(batch.size)
+        self.tokens_real.inc(batch.real_tokens)
+        self.tokens_padded.inc(batch.padded_tokens)
+        self.flops.inc(batch.flops)
+        self.flops_padding.inc(batch.padding_flops)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,14 +1,18 @@
-"""HTTP routes: JSON -> work items -> batcher -> JSON. Nothing else happens here."""
+"""HTTP routes of our own API: JSON -> the front door -> JSON. Nothing else happens here."""
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from starlette.responses import Response
 
-from service.inputs import encode_items, fill_mask_items, nsp_items
+from service.errors import ServiceError
+from service.frontdoor import FrontDoor
+from service.http_errors import STATUS
 from service.outputs import encode_result, fill_mask_result, json_response, nsp_result
+from service.runtime import Runtime
 from service.schemas import (
     EncodeRequest,
     EncodeResponse,
@@ -19,49 +23,77 @@ from service.schemas import (
     NspRequest,
     NspResponse,
 )
-from service.state import ServiceState, get_state, require_api_key, require_metrics_key
 
-State = Annotated[ServiceState, Depends(get_state)]
-ERRORS = {code: {"model": ErrorBody} for code in (401, 413, 415, 422, 429, 500, 501, 503)}
+# The dependencies are coroutines on purpose: FastAPI runs plain-function dependencies in its thread
+# pool, and those hops cost every request CPU time and GIL hand-offs that slow the compute threads.
+
+
+async def get_runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+async def get_frontdoor(request: Request) -> FrontDoor:
+    """The loaded model's front door; 503 while loading or shutting down."""
+    return request.app.state.runtime.ready_frontdoor()
+
+
+async def require_api_key(request: Request) -> None:
+    key = request.app.state.runtime.settings.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, supplied = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode(), key.encode()):
+        raise ServiceError("unauthorized", "missing or wrong API key; send 'Authorization: Bearer <key>'")
+
+
+async def require_metrics_key(request: Request) -> None:
+    if request.app.state.runtime.settings.metrics_require_key:
+        await require_api_key(request)
+
+
+def client_gone(request: Request):
+    """A coroutine function that returns when the client disconnects (the front door stops waiting)."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return gone
+
+
+Door = Annotated[FrontDoor, Depends(get_frontdoor)]
+State = Annotated[Runtime, Depends(get_runtime)]
+ERRORS = {status: {"model": ErrorBody} for status in sorted(set(STATUS.values()) - {404, 405})}
 
 api = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS)
 public = APIRouter()
 
 
 @api.post("/encode", response_model=EncodeResponse, summary="Contextual token embeddings")
-async def encode(body: EncodeRequest, request: Request, state: State) -> Response:
+async def encode(body: EncodeRequest, request: Request, door: Door, state: State) -> Response:
     """The encoder's last hidden layer: one vector per token (special tokens included), or pooled by [CLS] or mean."""
-    state.require_ready()
-    items, tokens = await state.tokenize(encode_items, body.inputs, body.pooling, body.normalize, body.truncate)
-    results = await state.compute(request, items)
+    outputs = await door.encode(body.inputs, body.pooling, body.normalize, body.truncate, gone=client_gone(request))
     return json_response({
         "model": state.model_name,
-        "dim": state.hidden_size,
-        "results": [encode_result(r, t, body.pooling, body.encoding_format) for r, t in zip(results, tokens)],
-        "usage": {"input_tokens": sum(len(i) for i in items)},
+        "dim": state.checkpoint.config.hidden_size,
+        "results": [encode_result(o, body.encoding_format) for o in outputs],
+        "usage": {"input_tokens": sum(len(o.tokens) for o in outputs)},
     })
 
 
 @api.post("/fill-mask", response_model=FillMaskResponse, summary="Masked-token fill-in")
-async def fill_mask(body: FillMaskRequest, request: Request, state: State) -> Response:
+async def fill_mask(body: FillMaskRequest, request: Request, door: Door, state: State) -> Response:
     """Top-k tokens for every [MASK], scored by softmax over the whole vocabulary (as the Hugging Face pipeline)."""
-    state.require_ready()
-    state.require_head("mlm")
-    items, ids = await state.tokenize(fill_mask_items, body.inputs, body.top_k, body.targets, body.truncate)
-    results = await state.compute(request, items)
-    tokenizer = state.tokenizer
-    return json_response({"model": state.model_name,
-                      "results": [fill_mask_result(r, i, tokenizer) for r, i in zip(results, ids)]})
+    outputs = await door.fill_mask(body.inputs, body.top_k, body.targets, body.truncate, gone=client_gone(request))
+    return json_response({"model": state.model_name, "results": [fill_mask_result(o) for o in outputs]})
 
 
 @api.post("/nsp", response_model=NspResponse, summary="Next-sentence scores")
-async def nsp(body: NspRequest, request: Request, state: State) -> Response:
+async def nsp(body: NspRequest, request: Request, door: Door, state: State) -> Response:
     """P(B follows A) for each [A, B] pair; logits in Hugging Face order (index 0 = is next)."""
-    state.require_ready()
-    state.require_head("nsp")
-    items = await state.tokenize(nsp_items, body.inputs, body.truncate)
-    results = await state.compute(request, items)
-    return json_response({"model": state.model_name, "results": [nsp_result(r) for r in results]})
+    outputs = await door.nsp(body.inputs, body.truncate, gone=client_gone(request))
+    return json_response({"model": state.model_name, "results": [nsp_result(o) for o in outputs]})
 
 
 @api.get("/info", summary="Model, device and limits")
@@ -73,7 +105,7 @@ async def info(state: State) -> Response:
 @public.get("/health", response_model=Health, responses={503: {"model": ErrorBody}}, summary="Readiness")
 async def health(state: State) -> Response:
     """200 once the model is loaded and warmed up; 503 while loading and while shutting down."""
-    state.require_ready()
+    state.lifecycle.require_ready()
     return json_response({"status": "ok"})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import overload
-from tests.conftest import REPO_ROOT
+from devkit.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

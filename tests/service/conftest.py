@@ -20,7 +20,7 @@ async def serving(checkpoint, engine_factory=None, **overrides):
     app = create_app(Settings(checkpoint=checkpoint, **overrides), engine_factory=engine_factory)
     async with app.router.lifespan_context(app):
         await app.state.loading
-        assert app.state.service.load_error is None, app.state.service.load_error
+        assert app.state.runtime.lifecycle.failure is None, app.state.runtime.lifecycle.failure
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
             client.app = app

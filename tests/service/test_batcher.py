@@ -1,31 +1,47 @@
-"""Batch selection: anchored on the oldest input, length-aware, within every cap."""
+"""Batch selection: anchored on the oldest input, length-aware, within every cap. No model needed:
+selection is a pure function of the queue, the policy and the FLOP model."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from functools import partial
 from pathlib import Path
 
-import torch
-
-from service.batcher import Batcher, Entry, Ticket
-from service.engine import Engine, Item
+from model.flops import packed_batch_flops
+from service.batcher import Batcher, BatchPolicy, Entry, Ticket, choose_batch
 from service.metrics import Metrics
-from tests.conftest import random_model
+from tests.conftest import tiny_config
 
 
-def batcher(**caps) -> Batcher:
-    values = dict(max_batch_tokens=4096, max_batch_size=64, max_wait_ms=0, max_queue_items=1000,
+class Queue:
+    """A queue of entries of given lengths; `_select()` takes the next batch out of it, as the packer does."""
+
+    def __init__(self, policy: BatchPolicy, lengths: list[int]):
+        loop = asyncio.new_event_loop()
+        ticket = Ticket(deadline=1e18)
+        self.policy = policy
+        self._queue = [Entry([1] * n, ticket, loop.create_future(), loop) for n in lengths]
+        self.flops = partial(packed_batch_flops, tiny_config(300))  # prices padding as the engine does
+
+    def _select(self) -> list[Entry]:
+        chosen = choose_batch(self._queue, self.policy, self.flops)
+        self._queue = [e for e in self._queue if all(e is not c for c in chosen)]
+        return chosen
+
+
+def policy(**caps) -> BatchPolicy:
+    values = dict(max_batch_tokens=4096, max_batch_size=64, max_wait_s=0, max_queue_items=1000,
                   max_padding_fraction=0.15)
     values.update(caps)
-    engine = Engine(random_model(300), 0, torch.device("cpu"), torch.float32)  # its FLOP model prices padding
-    return Batcher(engine=engine, metrics=Metrics(), **values)
+    return BatchPolicy(**values)
 
 
-def queue(b: Batcher, lengths: list[int]) -> None:
-    loop = asyncio.new_event_loop()
-    ticket = Ticket(deadline=1e18)
-    b._queue = deque(Entry(Item([1] * n, [0] * n, "encode"), ticket, loop.create_future(), loop) for n in lengths)
+def batcher(**caps) -> Queue:
+    return Queue(policy(**caps), [])
+
+
+def queue(b: Queue, lengths: list[int]) -> None:
+    b._queue = Queue(b.policy, lengths)._queue
 
 
 def test_lengths_far_apart_go_to_separate_batches():
@@ -68,7 +84,7 @@ def test_compute_threads_run_at_the_asked_niceness():
     import time
 
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    b = batcher(runners=2, runner_niceness=7)
+    b = Batcher(engine=None, policy=policy(runners=2, runner_niceness=7), metrics=Metrics())
     b.start()
     try:
         runners = [t for t in threading.enumerate() if t.name.startswith("bert-runner-")]

@@ -222,11 +222,10 @@ async def test_out_of_memory_batches_are_split_and_answered(tiny_checkpoint):
 
 async def test_not_ready_and_shutting_down_answer_503(tiny_checkpoint):
     async with serving(tiny_checkpoint) as client:
-        state = client.app.state.service
-        state.draining = True
+        lifecycle = client.app.state.runtime.lifecycle
+        lifecycle.drain()
         assert_error(await client.get("/health"), 503, "unavailable", "shutting down")
         assert_error(await client.post("/encode", json={"inputs": "a"}), 503, "unavailable")
-        state.draining = False
-        state.ready = False
+        lifecycle.state = "loading"  # as before the model is loaded
         assert_error(await client.get("/health"), 503, "unavailable", "loading")
-        state.ready = True
+        lifecycle.ready()

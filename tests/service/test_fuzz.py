@@ -11,7 +11,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from bench.server_process import start_service
+from devkit.server import start_service
 from service.app import create_app
 from service.settings import Settings
 

@@ -11,8 +11,8 @@ import sys
 import httpx
 import pytest
 
-from bench.server_process import free_port, start_service
-from tests.conftest import REPO_ROOT
+from devkit.server import free_port, start_service
+from devkit.paths import REPO_ROOT
 
 
 @pytest.fixture

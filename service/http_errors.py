@@ -1,0 +1,123 @@
+"""The one place where failures become HTTP responses.
+
+Every error kind has one status. The body's shape follows the API the route belongs to, so that
+each API's own clients understand it:
+- ours: `{"error": "...", "error_type": "<kind>"}`;
+- OpenAI-compatible routes (`/v1/...`): `{"error": {"message", "type", "param", "code"}}`, with the
+  types OpenAI uses, so the official clients raise their own exception classes;
+- text-embeddings-inference routes (`/embed`, `/embed_all`, `/tokenize`): `{"error", "error_type"}`
+  with TEI's error types.
+No traceback, file path or FastAPI `{"detail": ...}` body leaves the service.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from service.errors import ServiceError
+from service.outputs import json_response
+
+log = logging.getLogger("service")
+
+STATUS = {
+    "validation": 422,
+    "unsupported": 501,
+    "unauthorized": 401,
+    "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "overloaded": 429,
+    "unavailable": 503,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "internal": 500,
+}
+OPENAI_PREFIX = "/v1/"
+TEI_ROUTES = frozenset({"/embed", "/embed_all", "/tokenize"})
+# OpenAI's error types; its clients choose the exception class from the status.
+OPENAI_TYPES = {"validation": "invalid_request_error", "unauthorized": "authentication_error",
+                "overloaded": "rate_limit_error", "not_found": "not_found_error", "internal": "server_error",
+                "unavailable": "server_error"}
+# TEI's error types (text-embeddings-inference, router/src/http/types.rs ErrorType).
+TEI_TYPES = {"validation": "validation", "overloaded": "overloaded", "unavailable": "unhealthy",
+             "internal": "backend", "unsupported": "backend"}
+# OpenAI and TEI answer a bad request with 400 / 413 / 422 as their own servers do.
+OPENAI_STATUS = {"validation": 400}
+
+
+def api_of(path: str) -> str:
+    if path.startswith(OPENAI_PREFIX):
+        return "openai"
+    return "tei" if path in TEI_ROUTES else "ours"
+
+
+def error_body(kind: str, message: str, path: str = "", param: str | None = None) -> tuple[int, dict]:
+    """(status, body) for an error of `kind` on a route at `path`."""
+    api = api_of(path)
+    if api == "openai":
+        code = kind if kind not in ("validation", "internal") else None
+        return OPENAI_STATUS.get(kind, STATUS[kind]), {"error": {
+            "message": message, "type": OPENAI_TYPES.get(kind, "invalid_request_error"), "param": param, "code": code}}
+    if api == "tei":
+        return STATUS[kind], {"error": message, "error_type": TEI_TYPES.get(kind, kind)}
+    return STATUS[kind], {"error": message, "error_type": kind}
+
+
+def error_response(kind: str, message: str, path: str = "", retry_after_s: float | None = None,
+                   headers: dict[str, str] | None = None, param: str | None = None) -> Response:
+    headers = dict(headers or {})
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(retry_after_s)))
+    if kind == "unauthorized":
+        headers["WWW-Authenticate"] = "Bearer"
+    status, body = error_body(kind, message, path, param)
+    return json_response(body, status_code=status, headers=headers or None)
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A message naming the fields at fault, and the first such field."""
+    problems, first = [], None
+    for error in exc.errors()[:5]:
+        if error.get("type") == "json_invalid":
+            return "the request body is not valid JSON", None
+        location = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
+        first = first or location
+        problems.append(f"{location}: {error.get('msg', 'invalid')}")
+    more = len(exc.errors()) - 5
+    return "; ".join(problems) + (f" (and {more} more)" if more > 0 else ""), first
+
+
+def install_error_handlers(app: FastAPI, on_error=None) -> None:
+    """`on_error(kind, request)` is called for every error response (metrics)."""
+
+    def respond(request: Request, kind: str, message: str, retry_after_s: float | None = None,
+                headers: dict[str, str] | None = None, param: str | None = None) -> Response:
+        if on_error is not None:
+            on_error(kind, request)
+        return error_response(kind, message, request.url.path, retry_after_s, headers, param)
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError):
+        return respond(request, exc.kind, exc.message, exc.retry_after_s, param=exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        message, param = _describe_validation(exc)
+        return respond(request, "validation", message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        kind = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 401: "unauthorized"}.get(
+            exc.status_code, "validation")
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        # Starlette's own headers (the `Allow` list of a 405, RFC 9110) go out with our body.
+        return respond(request, kind, message.get(exc.status_code, str(exc.detail)), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return respond(request, "internal", "internal error; the server log has the details")

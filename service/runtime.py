@@ -1,0 +1,161 @@
+"""The served model's life: loading (in the background), ready, draining, stopped, or failed to load.
+
+`Runtime` owns everything that exists once the model is loaded (checkpoint, engine, batcher, front
+door) and the one `Lifecycle` whose named transitions every other module calls; nothing else writes
+the service's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from model.checkpoint import Checkpoint, load_checkpoint
+from model.device import pick_device
+from service.batcher import Batcher, BatchPolicy
+from service.engine import Engine
+from service.errors import ServiceError
+from service.frontdoor import FrontDoor
+from service.inputs import Limits
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger("service")
+
+
+class Lifecycle:
+    """loading -> ready -> draining, or loading -> failed; draining may also start while loading."""
+
+    def __init__(self) -> None:
+        self.state = "loading"
+        self.failure: str | None = None
+
+    def ready(self) -> None:
+        if self.state == "loading":
+            self.state = "ready"
+
+    def failed(self, message: str) -> None:
+        self.state, self.failure = "failed", message
+
+    def drain(self) -> None:
+        if self.state != "failed":
+            self.state = "draining"
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state == "ready"
+
+    def require_ready(self) -> None:
+        if self.state == "draining":
+            raise ServiceError("unavailable", "the server is shutting down", retry_after_s=1)
+        if self.state == "failed":
+            raise ServiceError("unavailable", "the model failed to load; see the server log")
+        if self.state == "loading":
+            raise ServiceError("unavailable", "the model is still loading", retry_after_s=1)
+
+
+@dataclass
+class RequestCounts:
+    accepted: int = 0  # HTTP requests that reached the app
+    answered: int = 0  # ... and whose response was sent in full
+
+
+def pick_dtype(choice: str, device: torch.device) -> torch.dtype:
+    if choice != "auto":
+        return getattr(torch, choice)
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def plan_compute(concurrent_batches: int, device: torch.device) -> int:
+    """How many batches run at once; on CPU, also splits torch's threads between them."""
+    if device.type != "cpu":
+        return concurrent_batches or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    batches = concurrent_batches or (2 if cores >= 2 else 1)
+    torch.set_num_threads(max(1, cores // batches))
+    return batches
+
+
+class Runtime:
+    def __init__(self, settings: Settings, engine_factory=None):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.lifecycle = Lifecycle()
+        self.requests = RequestCounts()
+        self.engine_factory = engine_factory or Engine
+        self.checkpoint: Checkpoint | None = None
+        self.engine: Engine | None = None
+        self.batcher: Batcher | None = None
+        self.frontdoor: FrontDoor | None = None
+        self._stopped = threading.Event()
+
+    @property
+    def model_name(self) -> str:
+        return Path(self.settings.checkpoint).name
+
+    def load(self) -> None:
+        """Load, warm up, start batching (blocking; runs in a thread while the server already answers)."""
+        started = time.perf_counter()
+        s = self.settings
+        try:
+            device = pick_device(s.device)
+        except ValueError as exc:
+            raise RuntimeError(str(exc)) from None
+        dtype = pick_dtype(s.dtype, device)
+        checkpoint = load_checkpoint(s.checkpoint, device="cpu")
+        engine = self.engine_factory(checkpoint.model, device, dtype)
+        tokenizer = checkpoint.tokenizer
+        if s.max_batch_tokens < tokenizer.model_max_length:
+            raise ValueError(f"max_batch_tokens ({s.max_batch_tokens}) is below the model's maximum input length "
+                             f"({tokenizer.model_max_length}); a long input could never be scheduled")
+        if s.warmup:
+            engine.warm_up(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
+        policy = BatchPolicy(s.max_batch_tokens, s.max_batch_size, s.max_wait_ms / 1000, s.max_queue_items,
+                             s.max_padding_fraction, runners=plan_compute(s.concurrent_batches, device),
+                             runner_niceness=s.compute_niceness)
+        batcher = Batcher(engine, policy, self.metrics)
+        batcher.start()
+        limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k)
+        self.checkpoint, self.engine, self.batcher = checkpoint, engine, batcher
+        self.frontdoor = FrontDoor(tokenizer, batcher, limits, self.metrics, s.queue_timeout_s,
+                                   engine.has_mlm_head, engine.has_nsp_head)
+        self.lifecycle.ready()
+        log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, str(dtype).removeprefix("torch."),
+                 time.perf_counter() - started)
+
+    def ready_frontdoor(self) -> FrontDoor:
+        self.lifecycle.require_ready()
+        return self.frontdoor
+
+    def shutdown(self) -> None:
+        self.lifecycle.drain()
+        if self.batcher is not None:
+            self.batcher.stop()
+
+    def info(self, full: bool = True) -> dict:
+        """/info. `full` = False leaves out what an anonymous caller need not see when an API key is set:
+        the checkpoint's path and training command line, and the limits."""
+        checkpoint, engine = self.checkpoint, self.engine
+        metadata = checkpoint.metadata if checkpoint else {}
+        body = {
+            "model": self.model_name,
+            "ready": self.lifecycle.is_ready,
+            "config": checkpoint.config.to_dict() if checkpoint else None,
+            "heads": {"mlm": bool(engine and engine.has_mlm_head), "nsp": bool(engine and engine.has_nsp_head)},
+            "device": str(engine.device) if engine else None,
+            "dtype": str(engine.dtype).removeprefix("torch.") if engine else None,
+            "max_input_tokens": checkpoint.tokenizer.model_max_length if checkpoint else None,
+        }
+        if full:
+            body["training"] = {k: metadata.get(k) for k in ("eval", "data", "progress", "created", "command")
+                                if k in metadata}
+            body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
+        return body

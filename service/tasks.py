@@ -1,0 +1,76 @@
+"""The work one input asks for, and what comes back: a typed item and a typed result per task.
+
+Items travel front door -> batcher -> engine; results engine -> front door. The batcher only needs
+`len(item)` (tokens); the engine dispatches on the item's type; a result's type says its shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Pooling = Literal["none", "cls", "mean"]
+
+
+@dataclass
+class Tokens:
+    """One tokenized input: [CLS] a [SEP] (b [SEP])."""
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class EncodeItem(Tokens):
+    pooling: Pooling = "none"
+    normalize: bool = False
+
+
+@dataclass
+class FillMaskItem(Tokens):
+    mask_positions: list[int] = field(default_factory=list)
+    top_k: int = 5
+    target_ids: list[int] | None = None  # score only these tokens
+
+
+@dataclass
+class NspItem(Tokens):
+    pass
+
+
+Item = EncodeItem | FillMaskItem | NspItem
+
+
+@dataclass
+class TokenVectors:
+    vectors: np.ndarray  # (L, H) float32: one vector per token, special tokens included
+
+
+@dataclass
+class PooledVector:
+    vector: np.ndarray  # (H,) float32
+
+
+@dataclass
+class MaskScores:
+    position: int  # the [MASK]'s token index ([CLS] is 0)
+    token_ids: np.ndarray  # (k,) best first
+    scores: np.ndarray  # (k,) softmax over the whole vocabulary
+
+
+@dataclass
+class FillMaskScores:
+    masks: list[MaskScores]
+
+
+@dataclass
+class NspLogits:
+    logits: np.ndarray  # (2,): [is next, is random] (Hugging Face order)
+
+
+Result = TokenVectors | PooledVector | FillMaskScores | NspLogits
