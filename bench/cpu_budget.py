@@ -19,8 +19,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.server_process import start_service
-from bench.serving import REPO_ROOT, count_tokens, drive, metric_delta, sentences
+from devkit.paths import REPO_ROOT
+from devkit.server import start_service
+from bench.serving import count_tokens, drive, metric_delta, sentences
 
 
 def thread_times(pid: int) -> dict[int, tuple[str, int, int]]:

@@ -23,8 +23,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from bench.server_process import start_service
-from bench.serving import REPO_ROOT, count_tokens, drive, sentences
+from devkit.paths import REPO_ROOT
+from devkit.server import start_service
+from bench.serving import count_tokens, drive, sentences
+from service.frontdoor import EncodeOutput
 from service.outputs import encode_result
 
 
@@ -39,19 +41,22 @@ def best_ms(function, repeats: int = 20) -> float:
 
 def in_process(checkpoint: Path, texts: list[str]) -> list[dict]:
     from model import load_checkpoint
-    from service.engine import Engine, Item, pick_device, pick_dtype
+    from model.device import pick_device
+    from service.engine import Engine
+    from service.runtime import pick_dtype
+    from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)
     device = pick_device("auto")
-    engine = Engine(ckpt.model, ckpt.tokenizer.pad_id, device, pick_dtype("auto", device))
+    engine = Engine(ckpt.model, device, pick_dtype("auto", device))
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
-    items = [Item(e.ids, e.type_ids, "encode", pooling="none") for e in encoded]
+    items = [EncodeItem(e.ids, e.type_ids, pooling="none") for e in encoded]
     results = engine.run(engine.collate(items))
     tokens = [[ckpt.tokenizer.id_to_token(i) for i in e.ids] for e in encoded]
 
     def body(fmt: str) -> dict:
         return {"model": "m", "dim": ckpt.config.hidden_size,
-                "results": [encode_result(r, t, "none", fmt) for r, t in zip(results, tokens)]}
+                "results": [encode_result(EncodeOutput(t, r), fmt) for r, t in zip(results, tokens)]}
 
     def stdlib() -> bytes:  # FastAPI's default: jsonable_encoder + json.dumps over Python lists
         payload = body("float")

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.server_process import start_service
+from devkit.paths import REPO_ROOT
+from devkit.server import start_service
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Eight inputs of ~60 words each: heavy requests, so that 10x capacity is a rate one load-generator process
 # on the same machine can actually offer.
 PAYLOAD = {"inputs": [f"sentence {i} " + "the river flows past the old mill and into the sea " * 6 for i in range(8)],

@@ -30,10 +30,9 @@ import httpx
 import numpy as np
 import torch
 
-from bench.server_process import free_port, start
+from devkit.paths import REPO_ROOT, WIKITEXT_TEST
+from devkit.server import free_port, start
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-WIKITEXT_TEST = Path(os.environ.get("BERT_WIKITEXT_DIR", REPO_ROOT.parent / "shared/data/wikitext-2")) / "wiki.test.tokens"
 
 
 @dataclass
@@ -168,13 +167,16 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
     parallel)) comes back too, since best / batch 1 bounds what batching can gain on this device.
     """
     from model import load_checkpoint
-    from service.engine import Engine, Item, pick_device, pick_dtype
+    from model.device import pick_device
+    from service.engine import Engine
+    from service.runtime import pick_dtype
+    from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)
     device = pick_device("auto")
-    engine = Engine(ckpt.model, ckpt.tokenizer.pad_id, device, pick_dtype("auto", device))
+    engine = Engine(ckpt.model, device, pick_dtype("auto", device))
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
-    items = sorted((Item(e.ids, e.type_ids, "encode", pooling="mean") for e in encoded), key=len)
+    items = sorted((EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded), key=len)
     # One forward pass of one input (the floor for latency at concurrency 1), over inputs of every length.
     singles = []
     for item in items[:: max(1, len(items) // 100)]:
@@ -194,7 +196,7 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
             random.Random(0).shuffle(batches)
             engine.run(batches[0])  # warm-up
             seconds, passes = _whole_passes(engine, batches, parallel, duration / (len(BATCH_SIZES) * len(arrangements)))
-            costs = [engine.flops(len(b.items), b.packing.width, b.real_tokens, b.real_square_tokens) for b in batches]
+            costs = [(b.flops, b.padding_flops) for b in batches]
             done_sequences, done_tokens = passes * len(items), passes * sum(b.real_tokens for b in batches)
             row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds,
                       done_sequences / seconds, done_tokens / seconds, 0, 0, 0, mean_batch=batch_size,

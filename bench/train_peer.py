@@ -23,9 +23,9 @@ import transformers
 
 from model.config import BertConfig
 from trainer.data import prepare
-from trainer.examples import collate
-from trainer.loop import build_optimizer, epoch_examples, lr_factor, run_progress
-from trainer.masking import mask_tokens, replaceable_ids
+from trainer.examples import TrainingPairs
+from trainer.loop import autocast_dtype, build_optimizer, lr_factor, run_progress, training_batch
+from trainer.masking import replaceable_ids
 from trainer.options import TrainOptions
 from trainer.state import Progress
 
@@ -47,40 +47,38 @@ def train_peer(options: TrainOptions) -> dict:
     data = prepare(options)
     tokenizer = data.tokenizer
     torch.manual_seed(options.seed)
+    dropout = {} if options.dropout is None else {"hidden_dropout_prob": options.dropout,
+                                                  "attention_probs_dropout_prob": options.dropout}
     config = BertConfig.preset(options.preset, vocab_size=tokenizer.vocab_size,
-                               max_position_embeddings=max(512, options.max_seq_len), pad_token_id=tokenizer.pad_id)
+                               max_position_embeddings=max(512, options.max_seq_len), pad_token_id=tokenizer.pad_id,
+                               **dropout)
     model = transformers_twin(config).train()
     optimizer = build_optimizer(model, options, torch.device("cpu"))
     torch.manual_seed(options.seed * 7919)  # dropout stream
     replace = replaceable_ids(tokenizer, config.vocab_size)
     width = options.max_seq_len
 
-    progress = Progress()  # the trainer's own bookkeeping and schedule, so both runs stop alike
-    examples = epoch_examples(data, options, progress.epoch)
+    pairs = TrainingPairs(data.train, options.max_seq_len, options.seed, options.short_seq_prob, data.weights)
+    # The trainer's own bookkeeping, data order, masks, schedule and precision, so both runs stop alike.
+    progress = Progress(cursors=pairs.initial_cursors())
+    autocast = autocast_dtype(options.precision, torch.device("cpu"))
     while (fraction := run_progress(progress, options)) < 1.0:
-        start = progress.batch_in_epoch * options.batch_size
-        if start + options.batch_size > len(examples):
-            progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
-            examples = epoch_examples(data, options, progress.epoch)
-            continue
         step_start = time.perf_counter()
-        batch = collate(examples[start : start + options.batch_size], tokenizer)
-        generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
-        masked = mask_tokens(batch.input_ids, batch.special_mask, generator, tokenizer.mask_id, replace, options.mask_rate)
+        batch, masked = training_batch(pairs, progress, options, data, replace)
         labels = torch.full_like(masked.input_ids, IGNORED)
         labels[masked.positions] = masked.labels
         for group in optimizer.param_groups:
             group["lr"] = options.lr * lr_factor(fraction, options.warmup_fraction)
-        out = model(input_ids=pad_to(masked.input_ids, width, tokenizer.pad_id),
-                    token_type_ids=pad_to(batch.token_type_ids, width, 0),
-                    attention_mask=pad_to(batch.attention_mask, width, 0),
-                    labels=pad_to(labels, width, IGNORED), next_sentence_label=batch.nsp_labels)
+        with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+            out = model(input_ids=pad_to(masked.input_ids, width, tokenizer.pad_id),
+                        token_type_ids=pad_to(batch.token_type_ids, width, 0),
+                        attention_mask=pad_to(batch.attention_mask, width, 0),
+                        labels=pad_to(labels, width, IGNORED), next_sentence_label=batch.nsp_labels)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), options.clip_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         progress.step += 1
-        progress.batch_in_epoch += 1
         progress.tokens_seen += batch.num_real_tokens
         progress.elapsed_s += time.perf_counter() - step_start
 
@@ -103,11 +101,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-budget", type=float, help="minutes of training steps")
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab-size", type=int, default=TrainOptions.vocab_size)
+    parser.add_argument("--dropout", type=float)
+    parser.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--cache-dir", type=Path, default=TrainOptions.cache_dir)
     args = parser.parse_args(argv)
     options = TrainOptions(corpus=args.corpus, eval_corpus=args.eval_corpus, output=args.output, preset=args.preset,
                            batch_size=args.batch_size, lr=args.lr, time_budget=args.time_budget,
-                           max_steps=args.max_steps, seed=args.seed, cache_dir=args.cache_dir, progress=False)
+                           max_steps=args.max_steps, seed=args.seed, cache_dir=args.cache_dir, progress=False,
+                           vocab_size=args.vocab_size, dropout=args.dropout, precision=args.precision)
     print(json.dumps(train_peer(options)))
 
 

@@ -25,15 +25,15 @@ from pathlib import Path
 
 import torch
 
-from bench.serving import WIKITEXT_TEST
 from bench.train_peer import PEER_RUN_FILE
-from model.bert import model_flops_per_token
+from devkit.paths import WIKITEXT_DIR
+from model.flops import model_flops_per_token
 from model.checkpoint import load_checkpoint, read_metadata
 from trainer.data import prepare
 from trainer.evaluate import build_eval_set, evaluate
 from trainer.options import TrainOptions
 
-WIKITEXT = WIKITEXT_TEST.parent  # ../shared/data/wikitext-2, or $BERT_WIKITEXT_DIR
+WIKITEXT = WIKITEXT_DIR
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> float:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         directory = args.work / system
         checkpoint = load_checkpoint(directory)
         eval_set = build_eval_set(data.eval, checkpoint.tokenizer, checkpoint.config.vocab_size, options.max_seq_len,
-                                  options.mask_rate, examples=1_000_000)  # every held-out pair
+                                  examples=1_000_000)  # every held-out pair
         scores = evaluate(checkpoint.model, eval_set, torch.device("cpu"))
         record = read_metadata(directory) if system == "ours" else json.loads((directory / PEER_RUN_FILE).read_text())
         progress = record["progress"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,7 @@ import torch
 
 from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-WIKITEXT_DIR = Path(os.environ.get("BERT_WIKITEXT_DIR", REPO_ROOT.parent / "shared" / "data" / "wikitext-2"))
+from devkit.paths import WIKITEXT_DIR
 
 
 def wikitext_lines(split: str = "valid", limit: int | None = None) -> list[str]:

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from model import load_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
-from tests.conftest import REPO_ROOT
+from devkit.paths import REPO_ROOT
 
 
 def test_bundled_model_is_compact_half_precision_and_loads():

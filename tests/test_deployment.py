@@ -10,7 +10,7 @@ import sys
 import yaml
 
 from service.settings import settings_table
-from tests.conftest import REPO_ROOT
+from devkit.paths import REPO_ROOT
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()

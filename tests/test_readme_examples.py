@@ -11,9 +11,9 @@ import os
 import re
 import subprocess
 
-from bench.server_process import start_service
+from devkit.server import start_service
 from service.settings import DEFAULT_CHECKPOINT
-from tests.conftest import REPO_ROOT
+from devkit.paths import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 EXAMPLE = re.compile(r"```bash\n(curl -s http://127\.0\.0\.1:8000[^`]*?)```\n\n```(json|text)\n(.*?)```", re.DOTALL)

@@ -10,10 +10,6 @@ import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from model.checkpoint import CheckpointError
-from model.config import ConfigError
-from model.tokenizer import TokenizerError
-from trainer.corpus import CorpusError
 from trainer.options import TrainOptions
 
 EXAMPLES = """examples:
@@ -22,6 +18,7 @@ EXAMPLES = """examples:
   python -m trainer --corpus wikitext-103 --output runs/base --preset base --max-steps 100000
   torchrun --nproc-per-node 8 -m trainer --corpus wikitext-103 --output runs/base --preset base
   python -m trainer --corpus my_texts/ --output runs/mine --resume
+  python -m trainer --corpus enwiki.txt.xz:4 --corpus books/:1 --eval-corpus held_out.txt --output runs/mix
 """
 
 
@@ -43,8 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
         kind = _base_type(f.name)
         meta = f.metadata
         default = None if f.default is MISSING else f.default
-        help_text = meta["help"] + ("" if default is None else f" (default: {default})")
-        if kind is bool:
+        help_text = (meta["help"] + ("" if default is None else f" (default: {default})")).replace("%", "%%")
+        if typing.get_origin(kind) is list:
+            parser.add_argument(flag, action="append", help=help_text, required=meta.get("required", False))
+        elif kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             parser.add_argument(flag, type=Path if kind is Path else kind, default=default, help=help_text,
@@ -55,7 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    from trainer.loop import Interrupted, train  # torch import after --help is answered
+    # torch (through the checkpoint code and the loop) is imported only after --help is answered
+    from model.checkpoint import CheckpointError
+    from model.config import ConfigError
+    from model.tokenizer import TokenizerError
+    from trainer.corpus import CorpusError
+    from trainer.loop import Interrupted, train
 
     try:
         options = TrainOptions(**vars(args))

@@ -1,77 +1,143 @@
-"""From `--corpus`/`--eval-corpus` to tokenized train and eval corpora and a tokenizer."""
+"""From `--corpus` (one or more, with weights) and `--eval-corpus` to token caches and a tokenizer.
+
+Per corpus, once: sentences split on every core into a cache file (`trainer.sentences`); per
+(corpus, tokenizer), once: token ids in memory-mapped files (`trainer.tokens`). A vocabulary is
+trained on a sample of the training sentences. Nothing here holds a whole corpus in memory.
+"""
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.checkpoint import load_checkpoint
 from model.tokenizer import WordPieceTokenizer
-from trainer.corpus import CorpusError, checksum, corpus_files, read_documents
+from trainer.corpus import CorpusError, checksum, corpus_files
 from trainer.download import REMOTE_CORPORA, fetch
-from trainer.examples import TokenizedCorpus, tokenize, tokenize_cached
 from trainer.options import TrainOptions
+from trainer.sentences import write_sentence_file
+from trainer.tokens import TokenizedCorpus, build_token_cache, sample_sentences
 
 log = logging.getLogger("trainer")
-# Bump when corpus cleaning or sentence splitting changes, so cached tokenizers and ids are rebuilt.
-PIPELINE_VERSION = 2
+# Bump when corpus cleaning, sentence splitting or the cache layout changes: every cache is rebuilt.
+PIPELINE_VERSION = 3
+
+
+@dataclass
+class Source:
+    """One `--corpus` entry: where its text is, and its weight in the mix (None = by size)."""
+
+    path: Path
+    weight: float | None
+    checksum: str = ""
+    eval_path: Path | None = None  # a named corpus's own validation split
 
 
 @dataclass
 class PreparedData:
     tokenizer: WordPieceTokenizer
-    train: TokenizedCorpus
+    train: list[TokenizedCorpus]
+    weights: list[float] | None
     eval: TokenizedCorpus
     description: dict
 
 
-def resolve_paths(options: TrainOptions) -> tuple[Path, Path | None]:
-    if options.corpus in REMOTE_CORPORA:
-        train, default_eval = fetch(options.corpus, options.cache_dir)
-        return train, Path(options.eval_corpus) if options.eval_corpus else default_eval
-    return Path(options.corpus), Path(options.eval_corpus) if options.eval_corpus else None
+def parse_source(spec: str, cache_dir: Path) -> Source:
+    """`PATH`, `PATH:WEIGHT`, `NAME` or `NAME:WEIGHT` (NAME: a public corpus, downloaded once)."""
+    name, _, weight_text = spec.rpartition(":")
+    weight = None
+    if name and not Path(spec).exists():
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            name = spec
+        else:
+            if not weight > 0:
+                raise CorpusError(f"--corpus {spec}: the weight must be a positive number")
+    else:
+        name = spec
+    if name in REMOTE_CORPORA:
+        train, default_eval = fetch(name, cache_dir)
+        return Source(train, weight, eval_path=default_eval)
+    return Source(Path(name), weight)
+
+
+def sentence_file(path: Path, options: TrainOptions) -> tuple[Path, str]:
+    """The cached sentence split of a corpus (made on first use); and the corpus checksum."""
+    corpus_sum = checksum(corpus_files(path))
+    target = options.cache_dir / "sentences" / f"v{PIPELINE_VERSION}-{corpus_sum}.txt"
+    if not target.is_file():
+        log.info("splitting %s into sentences (once; cached in %s)", path, target)
+        write_sentence_file(path, target, options.workers or None)
+    if target.stat().st_size == 0:
+        raise CorpusError(f"corpus {path}: no text found (empty or whitespace only)")
+    return target, corpus_sum
+
+
+def token_cache(path: Path, options: TrainOptions, tokenizer: WordPieceTokenizer) -> tuple[TokenizedCorpus, str]:
+    sentences, corpus_sum = sentence_file(path, options)
+    directory = options.cache_dir / "tokens" / f"v{PIPELINE_VERSION}-{corpus_sum}-{tokenizer.fingerprint()}"
+    corpus = TokenizedCorpus.load(directory)
+    if corpus is None:
+        log.info("tokenizing %s into %s", path, directory)
+        corpus = build_token_cache(sentences, tokenizer, directory)
+    if corpus.num_tokens == 0:
+        raise CorpusError(f"corpus {path}: no text found (empty or whitespace only)")
+    return corpus, corpus_sum
+
+
+def train_tokenizer(sources: list[Source], options: TrainOptions) -> WordPieceTokenizer:
+    files = [sentence_file(s.path, options)[0] for s in sources]
+    key = hashlib.sha256("|".join(f.name for f in files).encode()).hexdigest()[:16]
+    directory = options.cache_dir / f"tokenizer-v{PIPELINE_VERSION}-{key}-{options.vocab_size}-{options.tokenizer_sample}"
+    if (directory / "tokenizer.json").is_file():
+        return WordPieceTokenizer.load(directory)
+    log.info("training a %d-token WordPiece vocabulary on a sample of %d sentences", options.vocab_size,
+             options.tokenizer_sample)
+    tokenizer = WordPieceTokenizer.train(sample_sentences(files, options.tokenizer_sample), vocab_size=options.vocab_size)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(directory)
+    return tokenizer
 
 
 def prepare(options: TrainOptions, tokenizer: WordPieceTokenizer | None = None) -> PreparedData:
-    train_path, eval_path = resolve_paths(options)
-    train_files = corpus_files(train_path)
-    corpus_sum = checksum(train_files)
-    # Read (and sentence-split) at most once, and only if the tokenizer or the token cache needs it.
-    train_documents = functools.cache(lambda: read_documents(train_path))
-
+    sources = [parse_source(spec, options.cache_dir) for spec in options.corpus]
+    given = [s.weight is not None for s in sources]
+    if any(given) and not all(given):
+        raise CorpusError("give a weight to every --corpus or to none (PATH:WEIGHT); without weights each "
+                          "source is read in proportion to its size")
     if tokenizer is None and options.init_from is not None:
+        from model.checkpoint import load_checkpoint
+
         tokenizer = load_checkpoint(options.init_from).tokenizer
     if tokenizer is None:
-        tokenizer_dir = options.cache_dir / f"tokenizer-v{PIPELINE_VERSION}-{corpus_sum}-{options.vocab_size}"
-        if (tokenizer_dir / "tokenizer.json").is_file():
-            tokenizer = WordPieceTokenizer.load(tokenizer_dir)
-        else:
-            log.info("training a %d-token WordPiece vocabulary on %s", options.vocab_size, train_path)
-            texts = (s for d in train_documents() for s in d.sentences)
-            tokenizer = WordPieceTokenizer.train(texts, vocab_size=options.vocab_size)
-            tokenizer_dir.mkdir(parents=True, exist_ok=True)
-            tokenizer.save(tokenizer_dir)
+        tokenizer = train_tokenizer(sources, options)
 
-    cache = options.cache_dir / "tokens" / f"v{PIPELINE_VERSION}-{corpus_sum}-{tokenizer.fingerprint()}.safetensors"
-    train = tokenize_cached(train_documents, tokenizer, cache)
+    train = []
+    for source in sources:
+        corpus, source.checksum = token_cache(source.path, options, tokenizer)
+        train.append(corpus)
+    eval_path = Path(options.eval_corpus) if options.eval_corpus else sources[0].eval_path
     if eval_path is not None:
-        eval_files = corpus_files(eval_path)
-        eval_cache = options.cache_dir / "tokens" / f"v{PIPELINE_VERSION}-{checksum(eval_files)}-{tokenizer.fingerprint()}.safetensors"
-        held_out = tokenize_cached(lambda: read_documents(eval_path), tokenizer, eval_cache)
+        held_out, _ = token_cache(eval_path, options, tokenizer)
+        eval_note = str(eval_path)
     else:
-        train, held_out = split_documents(train, options.eval_fraction)
-    for name, corpus in (("training", train), ("evaluation", held_out)):
+        train[0], held_out = split_documents(train[0], options.eval_fraction)
+        eval_note = f"last {options.eval_fraction:.0%} of the documents of {sources[0].path}"
+    for name, corpus in [*((f"training ({s.path})", c) for s, c in zip(sources, train)), ("evaluation", held_out)]:
         if corpus.num_documents < 2:
             raise CorpusError(f"the {name} corpus has {corpus.num_documents} document(s); "
                               "next-sentence pairs need at least two")
+    weights = [s.weight for s in sources] if all(given) else None
+    total_weight = sum(weights) if weights else sum(c.num_tokens for c in train)
     description = {
-        "train": str(train_path), "train_checksum": corpus_sum, "train_documents": train.num_documents,
-        "train_tokens": train.num_tokens, "eval": str(eval_path) if eval_path else f"last {options.eval_fraction:.0%} of train documents",
-        "eval_documents": held_out.num_documents, "eval_tokens": held_out.num_tokens,
+        "train": [{"path": str(s.path), "checksum": s.checksum, "documents": c.num_documents, "tokens": c.num_tokens,
+                   "share": (s.weight if weights else c.num_tokens) / total_weight} for s, c in zip(sources, train)],
+        "train_documents": sum(c.num_documents for c in train), "train_tokens": sum(c.num_tokens for c in train),
+        "eval": eval_note, "eval_documents": held_out.num_documents, "eval_tokens": held_out.num_tokens,
     }
-    return PreparedData(tokenizer, train, held_out, description)
+    return PreparedData(tokenizer, train, weights, held_out, description)
 
 
 def split_documents(corpus: TokenizedCorpus, fraction: float) -> tuple[TokenizedCorpus, TokenizedCorpus]:
@@ -94,4 +160,4 @@ def _subset(corpus: TokenizedCorpus, first_doc: int, end_doc: int) -> TokenizedC
     )
 
 
-__all__ = ["PreparedData", "prepare", "split_documents", "tokenize"]
+__all__ = ["PreparedData", "Source", "parse_source", "prepare", "split_documents"]

@@ -1,98 +1,26 @@
-"""Tokenized corpora (cached) and next-sentence pre-training pairs.
+"""Next-sentence pre-training pairs, drawn from token caches in bounded memory, and their batches.
 
-Pairs follow the original BERT data pipeline (`create_instances_from_document`): sentences are
-accumulated into a chunk until it reaches the target length, the chunk is cut into segment A and B
-at a random sentence boundary, and half of the time B is replaced by text from a *different*
-document. Pairs longer than the limit are truncated (longest segment first), never dropped.
+Pairs follow the original BERT data pipeline (`create_instances_from_document`): a document's
+sentences are grouped into chunks of about the target length; a chunk is cut into segment A and B at
+a random sentence boundary, and half of the time B is replaced by text from a *different* document.
+Pairs longer than the limit are truncated (longest segment first), never dropped.
+
+Training draws chunks in a seeded random order, one pass over each source after another
+(`TrainingPairs`): the batch of step N depends only on the seed and the per-source positions, which a
+checkpoint saves, so a resumed run continues exactly; nothing but the current order of chunk indices
+is held in memory.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
 
 from model.tokenizer import WordPieceTokenizer
-from trainer.corpus import Document
-
-
-@dataclass
-class TokenizedCorpus:
-    """All word-piece ids in one flat array; sentence and document boundaries as offsets."""
-
-    ids: np.ndarray  # (total_tokens,) int32
-    sentence_offsets: np.ndarray  # (sentences + 1,) int64 into ids
-    document_offsets: np.ndarray  # (documents + 1,) int64 into sentences
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.document_offsets) - 1
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.ids)
-
-    def sentence(self, index: int) -> np.ndarray:
-        return self.ids[self.sentence_offsets[index] : self.sentence_offsets[index + 1]]
-
-    def document_sentences(self, doc: int) -> range:
-        return range(int(self.document_offsets[doc]), int(self.document_offsets[doc + 1]))
-
-    def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        arrays = {"ids": self.ids, "sentence_offsets": self.sentence_offsets, "document_offsets": self.document_offsets}
-        save_file(arrays, str(tmp))
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, path: Path) -> "TokenizedCorpus | None":
-        try:
-            arrays = load_file(str(path))
-            return cls(arrays["ids"], arrays["sentence_offsets"], arrays["document_offsets"])
-        except (SafetensorError, OSError, KeyError, ValueError):
-            return None  # a damaged cache is rebuilt, not trusted
-
-
-def tokenize(documents: list[Document], tokenizer: WordPieceTokenizer, batch: int = 4096) -> TokenizedCorpus:
-    sentences = [s for d in documents for s in d.sentences]
-    pieces: list[list[int]] = []
-    for start in range(0, len(sentences), batch):
-        pieces.extend(tokenizer.tokenize_words(sentences[start : start + batch]))
-    # Sentences that tokenize to nothing (stray punctuation lost in cleaning) carry no signal.
-    lengths, doc_counts, flat = [], [], []
-    cursor = 0
-    for document in documents:
-        kept = 0
-        for ids in pieces[cursor : cursor + len(document.sentences)]:
-            if ids:
-                lengths.append(len(ids))
-                flat.extend(ids)
-                kept += 1
-        cursor += len(document.sentences)
-        if kept:
-            doc_counts.append(kept)
-    return TokenizedCorpus(
-        ids=np.asarray(flat, dtype=np.int32),
-        sentence_offsets=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]),
-        document_offsets=np.concatenate([[0], np.cumsum(doc_counts, dtype=np.int64)]),
-    )
-
-
-def tokenize_cached(documents_loader, tokenizer: WordPieceTokenizer, cache_path: Path) -> TokenizedCorpus:
-    """Tokenize once per (corpus checksum, tokenizer) and reuse: a second run starts in seconds."""
-    if cache_path.is_file():
-        cached = TokenizedCorpus.load(cache_path)
-        if cached is not None:
-            return cached
-    corpus = tokenize(documents_loader(), tokenizer)
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    corpus.save(cache_path)
-    return corpus
+from trainer.tokens import TokenizedCorpus
 
 
 @dataclass
@@ -112,53 +40,130 @@ def truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Rando
             longer.pop()
 
 
-def build_pairs(
-    corpus: TokenizedCorpus, max_seq_len: int, seed: int, short_seq_prob: float = 0.1
-) -> list[PairExample]:
-    """One pass of pre-training pairs over every document; a new `seed` draws new pairs."""
+def chunk_starts(corpus: TokenizedCorpus, max_tokens: int) -> np.ndarray:
+    """First sentence of every chunk, plus the end sentinel: chunk i is sentences [starts[i], starts[i + 1]),
+    and a training pair starts at each chunk's first sentence.
+
+    A chunk holds the sentences of one document whose first token falls in the same stretch of
+    `max_tokens` tokens of that document, so chunks are about `max_tokens` long and never cross documents.
+    """
+    offsets = corpus.sentence_offsets
+    sentences_per_doc = np.diff(corpus.document_offsets)
+    doc_first_sentence = np.repeat(corpus.document_offsets[:-1], sentences_per_doc)
+    within_doc = offsets[:-1] - offsets[doc_first_sentence]
+    stretch = within_doc // max_tokens
+    is_start = np.ones(len(stretch), dtype=bool)
+    is_start[1:] = (stretch[1:] != stretch[:-1]) | (doc_first_sentence[1:] != doc_first_sentence[:-1])
+    return np.append(np.flatnonzero(is_start), len(stretch)).astype(np.int64)
+
+
+def pair_from_chunk(corpus: TokenizedCorpus, first: int, max_tokens: int, short_seq_prob: float,
+                    rng: random.Random) -> PairExample | None:
+    """One pair starting at sentence `first` (a chunk start); None when a segment came out empty.
+
+    The pair takes the document's sentences from `first` until the target length, so it may run into
+    the next chunk: a chunk whose first sentence is long still yields a real next sentence.
+    """
+    target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
+    offsets = corpus.sentence_offsets
+    doc = int(np.searchsorted(corpus.document_offsets, first, side="right")) - 1
+    doc_end = int(corpus.document_offsets[doc + 1])
+    stop = first + 1
+    while stop < doc_end and offsets[stop] - offsets[first] < target:
+        stop += 1
+    if stop - first == 1 and stop < doc_end:
+        stop += 1  # a sentence as long as the target still gets its real next one (the pair is truncated)
+    a_end = first + 1 if stop - first < 2 else rng.randint(first + 1, stop - 1)
+    a = corpus.ids[offsets[first] : offsets[a_end]].tolist()
+    if stop - first == 1 or rng.random() < 0.5:
+        b = _random_segment(corpus, doc, max(1, target - len(a)), rng)
+        is_random = True
+    else:
+        b = corpus.ids[offsets[a_end] : offsets[stop]].tolist()
+        is_random = False
+    truncate_pair(a, b, max_tokens, rng)
+    if not (a and b):
+        return None
+    return PairExample(np.asarray(a, np.int32), np.asarray(b, np.int32), is_random)
+
+
+def build_pairs(corpus: TokenizedCorpus, max_seq_len: int, seed: int, short_seq_prob: float = 0.1) -> list[PairExample]:
+    """One pair per chunk, in corpus order (the fixed evaluation pairs); a new `seed` draws new pairs."""
     if corpus.num_documents < 2:
         raise ValueError("next-sentence pairs need at least two documents in the corpus")
     rng = random.Random(seed)
     max_tokens = max_seq_len - 3  # [CLS] A [SEP] B [SEP]
-    examples: list[PairExample] = []
-    for doc in range(corpus.num_documents):
-        sentences = corpus.document_sentences(doc)
-        target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
-        chunk: list[int] = []
-        length = 0
-        i = sentences.start
-        while i < sentences.stop:
-            chunk.append(i)
-            length += len(corpus.sentence(i))
-            if i == sentences.stop - 1 or length >= target:
-                a_end = 1 if len(chunk) < 2 else rng.randint(1, len(chunk) - 1)
-                a = [t for s in chunk[:a_end] for t in corpus.sentence(s).tolist()]
-                if len(chunk) == 1 or rng.random() < 0.5:
-                    b = _random_segment(corpus, doc, max(1, target - len(a)), rng)
-                    is_random = True
-                    i -= len(chunk) - a_end  # the unused sentences start the next chunk
-                else:
-                    b = [t for s in chunk[a_end:] for t in corpus.sentence(s).tolist()]
-                    is_random = False
-                truncate_pair(a, b, max_tokens, rng)
-                if a and b:
-                    examples.append(PairExample(np.asarray(a, np.int32), np.asarray(b, np.int32), is_random))
-                chunk, length = [], 0
-                target = max_tokens if rng.random() >= short_seq_prob else rng.randint(2, max_tokens)
-            i += 1
-    return examples
+    starts = chunk_starts(corpus, max_tokens)
+    pairs = (pair_from_chunk(corpus, int(first), max_tokens, short_seq_prob, rng) for first in starts[:-1])
+    return [p for p in pairs if p is not None]
 
 
 def _random_segment(corpus: TokenizedCorpus, exclude_doc: int, target: int, rng: random.Random) -> list[int]:
     other = rng.randrange(corpus.num_documents - 1)
     other += other >= exclude_doc  # uniform over the other documents
     sentences = corpus.document_sentences(other)
-    out: list[int] = []
-    for s in range(rng.randrange(sentences.start, sentences.stop), sentences.stop):
-        out.extend(corpus.sentence(s).tolist())
-        if len(out) >= target:
-            break
-    return out
+    start = rng.randrange(sentences.start, sentences.stop)
+    offsets = corpus.sentence_offsets
+    stop = start + 1
+    while stop < sentences.stop and offsets[stop] - offsets[start] < target:
+        stop += 1
+    return corpus.ids[offsets[start] : offsets[stop]].tolist()
+
+
+class TrainingPairs:
+    """Training pairs from one or more token caches, mixed by weight, in bounded memory.
+
+    Each source is read in passes; a pass visits every chunk once in a seeded random order. Each
+    sequence of a batch comes from a source drawn with probability proportional to its weight (by
+    default its number of chunks, so every source is read at the same pace). `cursors[k]` =
+    [passes done, chunks taken in this pass] of source k is all the state there is.
+    """
+
+    def __init__(self, sources: list[TokenizedCorpus], max_seq_len: int, seed: int, short_seq_prob: float = 0.1,
+                 weights: list[float] | None = None):
+        for index, corpus in enumerate(sources):
+            if corpus.num_documents < 2:
+                raise ValueError(f"training source {index + 1} has {corpus.num_documents} document(s); "
+                                 "next-sentence pairs need at least two")
+        self.sources = sources
+        self.max_tokens = max_seq_len - 3
+        self.seed = seed
+        self.short_seq_prob = short_seq_prob
+        self.starts = [chunk_starts(c, self.max_tokens) for c in sources]
+        sizes = np.asarray([len(s) - 1 for s in self.starts], dtype=np.float64)
+        shares = sizes if weights is None else np.asarray(weights, dtype=np.float64)
+        self.probabilities = shares / shares.sum()
+        self._orders: dict[tuple[int, int], np.ndarray] = {}
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.sources)
+
+    def initial_cursors(self) -> list[list[int]]:
+        return [[0, 0] for _ in self.sources]
+
+    def _order(self, source: int, epoch: int) -> np.ndarray:
+        key = (source, epoch)
+        if key not in self._orders:
+            self._orders = {key: np.random.default_rng([self.seed, source, epoch]).permutation(len(self.starts[source]) - 1)}
+        return self._orders[key]
+
+    def batch(self, step: int, size: int, cursors: list[list[int]]) -> list[PairExample]:
+        """The `size` pairs of optimizer step `step`; advances `cursors` in place."""
+        choose = np.random.default_rng([self.seed, step, 1])
+        examples: list[PairExample] = []
+        while len(examples) < size:
+            for source in choose.choice(len(self.sources), size=size - len(examples), p=self.probabilities):
+                epoch, position = cursors[source]
+                chunk = int(self._order(source, epoch)[position])
+                position += 1
+                cursors[source] = [epoch + 1, 0] if position == len(self.starts[source]) - 1 else [epoch, position]
+                rng = random.Random(f"{self.seed}/{source}/{epoch}/{chunk}")
+                pair = pair_from_chunk(self.sources[source], int(self.starts[source][chunk]), self.max_tokens,
+                                       self.short_seq_prob, rng)
+                if pair is not None:
+                    examples.append(pair)
+        return examples
 
 
 @dataclass
@@ -196,8 +201,9 @@ def collate(examples: list[PairExample], tokenizer: WordPieceTokenizer) -> PairB
         attention[row, : 3 + la + lb] = 1
         special[row, 1 : 1 + la] = False
         special[row, 2 + la : 2 + la + lb] = False
-    # Word pieces that are themselves special ([UNK] from the corpus) are never masked either.
-    special |= np.isin(ids, list(tokenizer.special_ids - {tokenizer.unk_id}))
+    # Word pieces that are themselves special are never masked either: [UNK] (WikiText's rare-word marker,
+    # or a character the vocabulary lacks) stays in the input, but predicting it teaches nothing users ask for.
+    special |= np.isin(ids, list(tokenizer.special_ids))
     labels = np.asarray([int(e.is_random_next) for e in examples], dtype=np.int64)
     return PairBatch(
         torch.from_numpy(ids), torch.from_numpy(types), torch.from_numpy(attention),

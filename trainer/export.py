@@ -28,7 +28,7 @@ next-sentence prediction. It is the service's bundled default model: small enoug
 - Data: {train} ({train_tokens:,} word pieces in {train_docs:,} articles); evaluated on {eval}
   ({eval_tokens:,} word pieces, different articles).
 - Recipe: {steps:,} optimizer steps of {batch} sequences of up to {seq_len} tokens, peak learning rate {lr},
-  {epochs} passes over re-drawn sentence pairs with dynamic masking, {device}, {minutes:.0f} minutes.
+  {passes:.2f} passes over the text (sentence pairs re-drawn each pass) with dynamic masking, {device}, {minutes:.0f} minutes.
 - Command: `{command}`
 - Curves: `training_curves.png`; every logged step and evaluation: `metrics.jsonl`.
 

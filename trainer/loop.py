@@ -8,17 +8,12 @@ takes its own slice, so N processes compute the same step as one process with th
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import random
-import shutil
 import signal
-import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,19 +21,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from model.bert import BertForPreTraining, model_flops_per_token
-from model.checkpoint import load_checkpoint, save_checkpoint
+from model.bert import BertForPreTraining
+from model.checkpoint import load_checkpoint
 from model.config import BertConfig
-from trainer.data import prepare
+from model.device import fast_half_dtype, pick_device
+from model.flops import model_flops_per_token
+from trainer.data import PreparedData, prepare
 from trainer.evaluate import build_eval_set, evaluate
-from trainer.examples import PairBatch, build_pairs, collate
-from trainer.masking import mask_tokens, replaceable_ids
+from trainer.examples import PairBatch, TrainingPairs, collate
+from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
 from trainer.options import TrainOptions
-from trainer.plot import plot_metrics
-from trainer.state import Progress, clean_partial_saves, newest_good, prune, state_writer
+from trainer.run_files import RunFiles
+from trainer.state import Progress, clean_partial_saves, newest_good
 
 log = logging.getLogger("trainer")
-SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class Interrupted(Exception):
@@ -50,21 +46,36 @@ class Interrupted(Exception):
 # ---- set-up --------------------------------------------------------------------------------------
 
 
-def _distributed() -> tuple[int, int, int]:
+@dataclass(frozen=True)
+class Placement:
+    """Where this process runs: its rank among `world` processes and its device."""
+
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0
+
+
+def _placement(options: TrainOptions) -> Placement:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend)
-    return (dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0"))) if world > 1 else (0, 1, 0)
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank, local_rank = (dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))) if world > 1 else (0, 0)
+    return Placement(rank, world, pick_device(options.device, local_rank))
 
 
-def _device(choice: str, local_rank: int) -> torch.device:
-    if choice == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(choice)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but CUDA is not available")
-    return device
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast type of a training step (None: plain float32)."""
+    if precision == "float32":
+        return None
+    if precision == "bfloat16":
+        if device.type == "cpu" and fast_half_dtype(device) is None:
+            log.warning("--precision bfloat16: this CPU has no native bfloat16 (AVX512-BF16/AMX); it will be slow")
+        return torch.bfloat16
+    return fast_half_dtype(device) if device.type == "cpu" else torch.bfloat16
 
 
 def build_optimizer(model: torch.nn.Module, options: TrainOptions, device: torch.device) -> torch.optim.AdamW:
@@ -93,165 +104,27 @@ def run_progress(progress: Progress, options: TrainOptions) -> float:
     return max(parts)
 
 
+def training_batch(pairs: TrainingPairs, progress: Progress, options: TrainOptions, data: PreparedData,
+                   replace: torch.Tensor) -> tuple[PairBatch, MaskedBatch]:
+    """Step `progress.step`'s pairs and masks (advancing the data cursors): the same on every rank,
+    and the same again after a resume."""
+    batch = collate(pairs.batch(progress.step, options.batch_size, progress.cursors), data.tokenizer)
+    generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
+    masked = mask_tokens(batch.input_ids, batch.special_mask, generator, data.tokenizer.mask_id, replace,
+                         options.mask_rate)
+    return batch, masked
+
+
 # ---- the loop ------------------------------------------------------------------------------------
 
 
 def train(options: TrainOptions) -> Path:
-    rank, world, local_rank = _distributed()
+    placement = _placement(options)
     try:
-        return _train(options, rank, world, local_rank)
+        return Training(options, placement).run()
     finally:
-        if world > 1 and dist.is_initialized():
+        if placement.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _train(options: TrainOptions, rank: int, world: int, local_rank: int) -> Path:
-    output = options.output
-    is_writer = rank == 0
-    micro_batches = world * options.grad_accum
-    if options.batch_size % micro_batches:
-        raise ValueError(f"--batch-size {options.batch_size} must divide into {world} process(es) x "
-                         f"--grad-accum {options.grad_accum}")
-    if is_writer:
-        _check_writable(output)
-    device = _device(options.device, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
-
-    resume = newest_good(output) if options.resume else None
-    if options.resume:
-        if is_writer:
-            clean_partial_saves(output)
-        if resume is None:
-            log.warning("--resume: no usable checkpoint under %s/checkpoints; starting from scratch", output)
-
-    # Rank 0 trains the tokenizer and fills the token cache first; the others then read the cache.
-    if is_writer:
-        data = prepare(options, tokenizer=resume.checkpoint.tokenizer if resume else None)
-    if world > 1:
-        dist.barrier()
-    if not is_writer:
-        data = prepare(options, tokenizer=resume.checkpoint.tokenizer if resume else None)
-
-    torch.manual_seed(options.seed)  # initial weights
-    model = _build_model(options, data, resume)
-    config = model.config
-    model.to(device).train()
-    optimizer = build_optimizer(model, options, device)
-    progress = Progress()
-    if resume is not None:
-        optimizer.load_state_dict(resume.optimizer_state)
-        progress = resume.progress
-        torch.set_rng_state(resume.rng_state)  # the dropout stream continues where it was saved
-        log.info("resumed from step %d", progress.step)
-    else:
-        torch.manual_seed(options.seed * 7919 + rank)  # dropout stream, one per rank
-
-    step_module = _PreTrainingStep(model)
-    wrapped = (DistributedDataParallel(step_module, device_ids=[device.index] if device.type == "cuda" else None)
-               if world > 1 else step_module)
-    # Batch widths and masked-token counts change every step: compile for dynamic shapes, not one graph per shape.
-    step_model = torch.compile(wrapped, dynamic=True) if options.compile else wrapped
-    eval_set = build_eval_set(data.eval, data.tokenizer, config.vocab_size, options.max_seq_len,
-                              options.mask_rate, options.eval_examples) if is_writer else None
-    replace = replaceable_ids(data.tokenizer, config.vocab_size)
-    flops_per_token = 3 * model_flops_per_token(config, options.max_seq_len, options.mask_rate)
-
-    metrics_path = output / "metrics.jsonl"
-    history: list[dict] = _read_history(metrics_path) if (resume is not None and is_writer) else []
-    if is_writer and resume is None:
-        output.mkdir(parents=True, exist_ok=True)
-        metrics_path.unlink(missing_ok=True)
-
-    def save_resumable() -> None:
-        if is_writer:
-            target = output / "checkpoints" / f"step-{progress.step:07d}"
-            save_checkpoint(target, model, data.tokenizer, metadata=_metadata(options, data, progress, history, device),
-                            write_extra=state_writer(optimizer, progress))
-            prune(output, options.keep_checkpoints)
-        if world > 1:
-            dist.barrier()
-
-    def log_row(row: dict) -> None:
-        history.append(row)
-        with open(metrics_path, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
-
-    stop_signal: list[int] = []
-    previous_handlers = {s: signal.signal(s, lambda signum, _frame: stop_signal.append(signum))
-                         for s in (signal.SIGINT, signal.SIGTERM)}
-    bar = _progress_bar(options, progress, enabled=is_writer and options.progress)
-    examples = epoch_examples(data, options, progress.epoch)
-    window_tokens, window_start = 0, time.perf_counter()
-    last_eval: dict | None = None
-    try:
-        while run_progress(progress, options) < 1.0:
-            step_start = time.perf_counter()
-            start = progress.batch_in_epoch * options.batch_size
-            if start + options.batch_size > len(examples):
-                progress.epoch += 1
-                progress.batch_in_epoch = 0
-                examples = epoch_examples(data, options, progress.epoch)
-                continue
-            batch = collate(examples[start : start + options.batch_size], data.tokenizer)
-            generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
-            masked = mask_tokens(batch.input_ids, batch.special_mask, generator, data.tokenizer.mask_id, replace,
-                                 options.mask_rate)
-            factor = lr_factor(run_progress(progress, options), options.warmup_fraction)
-            for group in optimizer.param_groups:
-                group["lr"] = options.lr * factor
-            stats = _step(step_model, wrapped, optimizer, batch, masked, options, rank, world, device, autocast_dtype)
-            progress.step += 1
-            progress.batch_in_epoch += 1
-            progress.tokens_seen += batch.num_real_tokens
-            window_tokens += batch.num_real_tokens
-            progress.elapsed_s += time.perf_counter() - step_start
-
-            if is_writer and (progress.step % options.log_every == 0):
-                seconds = time.perf_counter() - window_start
-                tokens_per_s = window_tokens / max(seconds, 1e-9)
-                row = {"step": progress.step, "epoch": progress.epoch, "lr": options.lr * factor,
-                       "tokens_per_s": tokens_per_s, "elapsed_s": round(progress.elapsed_s, 2), **stats}
-                if device.type == "cuda":
-                    row["model_tflops"] = tokens_per_s * flops_per_token / 1e12
-                log_row(row)
-                window_tokens, window_start = 0, time.perf_counter()
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
-                                eta=_eta(progress, options))
-            bar.update(1)
-            done = run_progress(progress, options) >= 1.0
-            if is_writer and (progress.step % options.eval_every == 0 or done):
-                last_eval = evaluate(model, eval_set, device, autocast_dtype)
-                log_row({"step": progress.step, "eval": last_eval})
-            if progress.step % options.save_every == 0 and not done:
-                save_resumable()
-            if stop_signal:
-                raise Interrupted(stop_signal[0])
-    except Interrupted as interrupt:
-        bar.close()
-        save_resumable()
-        log.warning("stopped by %s at step %d; checkpoint saved, continue with --resume", interrupt, progress.step)
-        raise
-    finally:
-        for s, handler in previous_handlers.items():
-            signal.signal(s, handler)
-        bar.close()
-
-    save_resumable()
-    if is_writer:
-        if last_eval is None:
-            last_eval = evaluate(model, eval_set, device, autocast_dtype)
-        plot_metrics(history, output / "training_curves.png")
-        metadata = _metadata(options, data, progress, history, device, final_eval=last_eval)
-        save_checkpoint(output, model, data.tokenizer, metadata=metadata, dtype=SAVE_DTYPES[options.save_dtype],
-                        write_extra=_keep_run_files(output))
-        log.info("final eval: %s", json.dumps(last_eval))
-    if world > 1:
-        dist.barrier()
-    return output
 
 
 class _PreTrainingStep(torch.nn.Module):
@@ -265,159 +138,196 @@ class _PreTrainingStep(torch.nn.Module):
         return self.model.pretraining_logits(input_ids, token_type_ids, attention_mask, mlm_positions)
 
 
-def _build_model(options: TrainOptions, data, resume) -> BertForPreTraining:
-    """The resumed model, the --init-from one, or a new model of the preset sized to the tokenizer."""
-    if resume is not None:
-        return resume.checkpoint.model
-    if options.init_from is not None:
-        model = load_checkpoint(options.init_from).model
-        if not (model.has_mlm_head and model.has_nsp_head):
-            raise ValueError(f"--init-from {options.init_from}: the checkpoint lacks the MLM or NSP head")
-        return model
-    overrides = {"vocab_size": data.tokenizer.vocab_size, "max_position_embeddings": max(512, options.max_seq_len),
-                 "pad_token_id": data.tokenizer.pad_id}
-    if options.dropout is not None:
-        overrides.update(hidden_dropout_prob=options.dropout, attention_probs_dropout_prob=options.dropout)
-    return BertForPreTraining(BertConfig.preset(options.preset, **overrides))
+class Training:
+    """One training run: set up in the constructor, `run()` trains and writes the final checkpoint."""
 
+    def __init__(self, options: TrainOptions, placement: Placement):
+        self.options = options
+        self.placement = placement
+        if options.batch_size % (placement.world * options.grad_accum):
+            raise ValueError(f"--batch-size {options.batch_size} must divide into {placement.world} process(es) x "
+                             f"--grad-accum {options.grad_accum}")
+        device = placement.device
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self.autocast = autocast_dtype(options.precision, device)
+        self.files = RunFiles(options.output, is_writer=placement.is_writer)
+        resume = newest_good(options.output) if options.resume else None
+        if options.resume:
+            if placement.is_writer:
+                clean_partial_saves(options.output)
+            if resume is None:
+                log.warning("--resume: no usable checkpoint under %s/checkpoints; starting from scratch", options.output)
+        self.data = self._prepare(resume.checkpoint.tokenizer if resume else None)
 
-def _step(step_model, wrapped, optimizer, batch: PairBatch, masked, options: TrainOptions, rank: int, world: int,
-          device: torch.device, autocast_dtype) -> dict:
-    """One optimizer step over this rank's share of the global batch, in micro-batches.
+        torch.manual_seed(options.seed)  # initial weights
+        self.model = self._build_model(resume).to(device).train()
+        self.optimizer = build_optimizer(self.model, options, device)
+        self.pairs = TrainingPairs(self.data.train, options.max_seq_len, options.seed, options.short_seq_prob,
+                                   self.data.weights)
+        self.progress = Progress(cursors=self.pairs.initial_cursors())
+        if resume is not None:
+            self.optimizer.load_state_dict(resume.optimizer_state)
+            self.progress = resume.progress
+            torch.set_rng_state(resume.rng_state)  # the dropout stream continues where it was saved
+            log.info("resumed from step %d", self.progress.step)
+        else:
+            torch.manual_seed(options.seed * 7919 + placement.rank)  # dropout stream, one per rank
+        self.files.start(resumed=resume is not None)
 
-    Losses are sums divided by global counts (masked tokens, pairs), scaled by the world size that
-    DDP's gradient averaging divides by again: the gradient is exactly that of the global mean.
-    """
-    per_rank = options.batch_size // world
-    micro = per_rank // options.grad_accum
-    total_masked = int(masked.positions.sum())
-    totals = {"mlm_loss": 0.0, "nsp_loss": 0.0, "mlm_correct": 0, "nsp_correct": 0}
-    label_offsets = torch.cumsum(masked.positions.sum(dim=1), 0)
-    for index in range(options.grad_accum):
-        lo = rank * per_rank + index * micro
-        hi = lo + micro
-        first_label = int(label_offsets[lo - 1]) if lo > 0 else 0
-        labels = masked.labels[first_label : int(label_offsets[hi - 1])].to(device)
-        part = batch.slice(lo, hi)
-        positions = masked.positions[lo:hi].to(device)
-        sync = nullcontext() if (index == options.grad_accum - 1 or world == 1) else wrapped.no_sync()
-        with sync:
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                mlm_logits, nsp_logits = step_model(masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device),
-                                                    part.attention_mask.to(device), positions)
-            mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()
-            nsp_labels = part.nsp_labels.to(device)
-            mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
-            nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
-            loss = (mlm_sum / total_masked + nsp_sum / options.batch_size) * world
-            loss.backward()
-        totals["mlm_loss"] += mlm_sum.item()
-        totals["nsp_loss"] += nsp_sum.item()
-        totals["mlm_correct"] += int((mlm_logits.argmax(-1) == labels).sum())
-        totals["nsp_correct"] += int((nsp_logits.argmax(-1) == nsp_labels).sum())
-    if options.clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(wrapped.parameters(), options.clip_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    local_masked = int(masked.positions[rank * per_rank : (rank + 1) * per_rank].sum())
-    mlm = totals["mlm_loss"] / max(local_masked, 1)
-    nsp = totals["nsp_loss"] / per_rank
-    return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp,
-            "mlm_accuracy": totals["mlm_correct"] / max(local_masked, 1), "nsp_accuracy": totals["nsp_correct"] / per_rank}
+        self.step_module = _PreTrainingStep(self.model)
+        self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)
+                        if placement.world > 1 else self.step_module)
+        # Batch widths and masked-token counts change every step: compile for dynamic shapes, not one graph per shape.
+        self.step_model = torch.compile(self.wrapped, dynamic=True) if options.compile else self.wrapped
+        config = self.model.config
+        self.eval_set = build_eval_set(self.data.eval, self.data.tokenizer, config.vocab_size,
+                                       options.max_seq_len, options.eval_examples) if placement.is_writer else None
+        self.replace = replaceable_ids(self.data.tokenizer, config.vocab_size)
+        self.flops_per_token = 3 * model_flops_per_token(config, options.max_seq_len, options.mask_rate)
 
+    def _prepare(self, tokenizer) -> PreparedData:
+        # Rank 0 trains the tokenizer and fills the caches first; the others then read them.
+        if self.placement.is_writer:
+            data = prepare(self.options, tokenizer=tokenizer)
+        if self.placement.world > 1:
+            dist.barrier()
+        if not self.placement.is_writer:
+            data = prepare(self.options, tokenizer=tokenizer)
+        return data
 
-def epoch_examples(data, options: TrainOptions, epoch: int) -> list:
-    """Pairs are re-drawn every epoch (new A/B cuts and random partners), then shuffled."""
-    examples = build_pairs(data.train, options.max_seq_len, seed=options.seed * 1000 + epoch,
-                           short_seq_prob=options.short_seq_prob)
-    random.Random(options.seed * 1000 + epoch).shuffle(examples)
-    if len(examples) < options.batch_size:
-        raise ValueError(f"the training corpus yields {len(examples)} pairs per epoch, fewer than --batch-size "
-                         f"{options.batch_size}; use a smaller batch or more text")
-    return examples
+    def _build_model(self, resume) -> BertForPreTraining:
+        """The resumed model, the --init-from one, or a new model of the preset sized to the tokenizer."""
+        options = self.options
+        if resume is not None:
+            return resume.checkpoint.model
+        if options.init_from is not None:
+            model = load_checkpoint(options.init_from).model
+            if not (model.has_mlm_head and model.has_nsp_head):
+                raise ValueError(f"--init-from {options.init_from}: the checkpoint lacks the MLM or NSP head")
+            return model
+        tokenizer = self.data.tokenizer
+        overrides = {"vocab_size": tokenizer.vocab_size, "max_position_embeddings": max(512, options.max_seq_len),
+                     "pad_token_id": tokenizer.pad_id}
+        if options.dropout is not None:
+            overrides.update(hidden_dropout_prob=options.dropout, attention_probs_dropout_prob=options.dropout)
+        return BertForPreTraining(BertConfig.preset(options.preset, **overrides))
 
-
-def _check_writable(output: Path) -> None:
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        probe = output / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as exc:
-        raise OSError(exc.errno, f"output directory {output} is not writable: {exc.strerror}") from None
-
-
-def _keep_run_files(output: Path):
-    """Carry the run's files into the final checkpoint directory by hard link (no copy, and the
-    old directory stays intact until the atomic swap)."""
-
-    def link(tmp: Path) -> None:
-        for name in ("metrics.jsonl", "training_curves.png", "checkpoints"):
-            source = output / name
-            if source.is_dir():
-                shutil.copytree(source, tmp / name, copy_function=_link_or_copy)
-            elif source.is_file():
-                _link_or_copy(source, tmp / name)
-
-    return link
-
-
-def _link_or_copy(src, dst) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def _read_history(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
+    def run(self) -> Path:
+        options, progress = self.options, self.progress
+        stop_signal: list[int] = []
+        previous_handlers = {s: signal.signal(s, lambda signum, _frame: stop_signal.append(signum))
+                             for s in (signal.SIGINT, signal.SIGTERM)}
+        bar = self.files.progress_bar(options, progress, enabled=options.progress)
+        window_tokens, window_start = 0, time.perf_counter()
+        last_eval: dict | None = None
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by a crash ends the usable history
-    return rows
+            while run_progress(progress, options) < 1.0:
+                step_start = time.perf_counter()
+                batch, masked = training_batch(self.pairs, progress, options, self.data, self.replace)
+                factor = lr_factor(run_progress(progress, options), options.warmup_fraction)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = options.lr * factor
+                stats = self._step(batch, masked)
+                progress.step += 1
+                progress.tokens_seen += batch.num_real_tokens
+                window_tokens += batch.num_real_tokens
+                progress.elapsed_s += time.perf_counter() - step_start
+
+                if progress.step % options.log_every == 0:
+                    tokens_per_s = window_tokens / max(time.perf_counter() - window_start, 1e-9)
+                    row = {"step": progress.step, "passes": round(progress.tokens_seen / self.pairs.total_tokens, 4),
+                           "lr": options.lr * factor, "tokens_per_s": tokens_per_s,
+                           "elapsed_s": round(progress.elapsed_s, 2), **stats}
+                    if self.placement.device.type == "cuda":
+                        row["model_tflops"] = tokens_per_s * self.flops_per_token / 1e12
+                    self.files.log(row)
+                    window_tokens, window_start = 0, time.perf_counter()
+                    bar.set_postfix(loss=f"{stats['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
+                                    eta=self.files.eta(progress, run_progress(progress, options)))
+                bar.update(1)
+                done = run_progress(progress, options) >= 1.0
+                if self.placement.is_writer and (progress.step % options.eval_every == 0 or done):
+                    last_eval = evaluate(self.model, self.eval_set, self.placement.device)
+                    self.files.log({"step": progress.step, "eval": last_eval})
+                if progress.step % options.save_every == 0 and not done:
+                    self._save_resumable()
+                if stop_signal:
+                    raise Interrupted(stop_signal[0])
+        except Interrupted as interrupt:
+            bar.close()
+            self._save_resumable()
+            log.warning("stopped by %s at step %d; checkpoint saved, continue with --resume", interrupt, progress.step)
+            raise
+        finally:
+            for s, handler in previous_handlers.items():
+                signal.signal(s, handler)
+            bar.close()
+
+        self._save_resumable()
+        if self.placement.is_writer:
+            if last_eval is None:
+                last_eval = evaluate(self.model, self.eval_set, self.placement.device)
+            self.files.finish(self.model, self.data, options, progress, self.placement.device, last_eval)
+        if self.placement.world > 1:
+            dist.barrier()
+        return options.output
+
+    def _save_resumable(self) -> None:
+        if self.placement.is_writer:
+            self.files.save_resumable(self.model, self.optimizer, self.data, self.options, self.progress,
+                                      self.placement.device)
+        if self.placement.world > 1:
+            dist.barrier()
+
+    def _step(self, batch: PairBatch, masked: MaskedBatch) -> dict:
+        """One optimizer step over this rank's share of the global batch, in micro-batches.
+
+        Losses are sums divided by global counts (masked tokens, pairs), scaled by the world size that
+        DDP's gradient averaging divides by again: the gradient is exactly that of the global mean.
+        """
+        options, device, world, rank = self.options, self.placement.device, self.placement.world, self.placement.rank
+        per_rank = options.batch_size // world
+        micro = per_rank // options.grad_accum
+        total_masked = int(masked.positions.sum())
+        totals = {"mlm_loss": 0.0, "nsp_loss": 0.0, "mlm_correct": 0, "nsp_correct": 0}
+        label_offsets = torch.cumsum(masked.positions.sum(dim=1), 0)
+        for index in range(options.grad_accum):
+            lo = rank * per_rank + index * micro
+            hi = lo + micro
+            first_label = int(label_offsets[lo - 1]) if lo > 0 else 0
+            labels = masked.labels[first_label : int(label_offsets[hi - 1])].to(device)
+            part = batch.slice(lo, hi)
+            positions = masked.positions[lo:hi].to(device)
+            last = index == options.grad_accum - 1
+            with nullcontext() if (last or world == 1) else self.wrapped.no_sync():
+                with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                    mlm_logits, nsp_logits = self.step_model(masked.input_ids[lo:hi].to(device),
+                                                             part.token_type_ids.to(device),
+                                                             part.attention_mask.to(device), positions)
+                mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # losses in float32
+                nsp_labels = part.nsp_labels.to(device)
+                mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
+                nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
+                loss = (mlm_sum / total_masked + nsp_sum / options.batch_size) * world
+                loss.backward()
+            totals["mlm_loss"] += mlm_sum.item()
+            totals["nsp_loss"] += nsp_sum.item()
+            totals["mlm_correct"] += int((mlm_logits.argmax(-1) == labels).sum())
+            totals["nsp_correct"] += int((nsp_logits.argmax(-1) == nsp_labels).sum())
+        if options.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), options.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        local_masked = int(masked.positions[rank * per_rank : (rank + 1) * per_rank].sum())
+        mlm = totals["mlm_loss"] / max(local_masked, 1)
+        nsp = totals["nsp_loss"] / per_rank
+        return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp,
+                "mlm_accuracy": totals["mlm_correct"] / max(local_masked, 1),
+                "nsp_accuracy": totals["nsp_correct"] / per_rank}
 
 
-def _metadata(options: TrainOptions, data, progress: Progress, history: list[dict], device: torch.device,
-              final_eval: dict | None = None) -> dict:
-    speeds = [r["tokens_per_s"] for r in history if "tokens_per_s" in r]
-    return {
-        "format": "bert-serve/1",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, "-m", "trainer", *sys.argv[1:]]),
-        "options": options.to_json(),
-        "data": data.description,
-        "progress": asdict(progress),
-        "train_tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
-        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
-        "torch_version": torch.__version__,
-        "eval": final_eval,
-    }
-
-
-class _NoBar:
-    def update(self, _n: int) -> None: ...
-    def set_postfix(self, **_kw) -> None: ...
-    def close(self) -> None: ...
-
-
-def _progress_bar(options: TrainOptions, progress: Progress, enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=options.max_steps, initial=progress.step, unit="step", dynamic_ncols=True, file=sys.stderr)
-
-
-def _eta(progress: Progress, options: TrainOptions) -> str:
-    fraction = run_progress(progress, options)
-    if fraction <= 0:
-        return "?"
-    remaining = progress.elapsed_s * (1 - fraction) / fraction
-    return time.strftime("%H:%M:%S", time.gmtime(max(0.0, remaining)))
-
-
-__all__ = ["Interrupted", "build_optimizer", "epoch_examples", "lr_factor", "run_progress", "train"]
+__all__ = ["Interrupted", "Training", "autocast_dtype", "build_optimizer", "lr_factor", "run_progress",
+           "train", "training_batch"]

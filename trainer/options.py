@@ -15,18 +15,23 @@ def option(default, help: str, **extra):  # noqa: A002 - mirrors argparse's name
 
 @dataclass
 class TrainOptions:
-    corpus: str = option(None, "Training text: a file, a directory of text files, or the name of a public corpus "
-                               "(wikitext-2, wikitext-103) to download into --cache-dir.", required=True)
+    corpus: list[str] = option(None, "Training text: a file (plain, .gz or .xz), a directory of text files, or the name "
+                                     "of a public corpus (wikitext-2, wikitext-103) to download into --cache-dir. "
+                                     "Repeat the flag to mix sources; PATH:WEIGHT sets a source's share of the "
+                                     "training sequences (give all weights or none: none = in proportion to size).",
+                               required=True)
     output: Path = option(None, "Checkpoint directory to write (servable, opens in transformers). Run files "
                                 "(metrics.jsonl, training_curves.png, checkpoints/) go inside it.", required=True)
     eval_corpus: str | None = option(None, "Held-out text for evaluation. Default: the named corpus' validation "
                                            "split, or the last --eval-fraction of the training documents.")
     eval_fraction: float = option(0.05, "Share of training documents held out when no --eval-corpus is given.")
     preset: str = option("mini", f"Model size: {', '.join(PRESETS)} (Turc et al. 2019).", choices=list(PRESETS))
-    vocab_size: int = option(8192, "WordPiece vocabulary size when a tokenizer is trained on the corpus.")
+    vocab_size: int = option(16384, "WordPiece vocabulary size when a tokenizer is trained on the corpus.")
+    tokenizer_sample: int = option(500_000, "Sentences sampled (uniformly, one pass) to train the vocabulary on.")
     init_from: Path | None = option(None, "Start from this checkpoint's weights and tokenizer instead of scratch.")
     max_seq_len: int = option(128, "Tokens per pre-training pair, [CLS] A [SEP] B [SEP] included.")
-    mask_rate: float = option(0.15, "Share of non-special tokens chosen for masked-LM prediction.")
+    mask_rate: float = option(0.15, "Share of non-special tokens chosen for masked-LM prediction in training "
+                                    "(evaluation always masks 15%, so runs compare).")
     short_seq_prob: float = option(0.1, "Probability of a shorter target length for a pair (as in BERT).")
     dropout: float | None = option(None, "Hidden and attention dropout of a new model (preset default 0.1); "
                                            "--init-from and --resume keep the checkpoint's.")
@@ -46,6 +51,10 @@ class TrainOptions:
     seed: int = option(0, "Seed for weights, pairs, masks and dropout; CPU runs are reproducible.")
     device: str = option("auto", "auto (CUDA if available), cpu, cuda, or cuda:N.")
     compile: bool = option(False, "torch.compile the model (CUDA).")
+    precision: str = option("auto", "Compute precision of training steps: auto = bfloat16 autocast on GPUs and on CPUs "
+                                    "that compute bfloat16 natively (AVX512-BF16, AMX), else float32. Weights, optimizer "
+                                    "state, losses and evaluation stay float32.", choices=["auto", "float32", "bfloat16"])
+    workers: int = option(0, "Processes that split corpora into sentences (0 = one per core).")
     save_dtype: str = option("float32", "Weight dtype of the final checkpoint.", choices=["float32", "float16", "bfloat16"])
     cache_dir: Path = option(DEFAULT_CACHE, "Where downloads, trained tokenizers and token-id caches are kept.")
     resume: bool = option(False, "Continue from the newest good checkpoint in OUTPUT/checkpoints.")
@@ -57,7 +66,11 @@ class TrainOptions:
 
         if self.max_steps is None and self.time_budget is None:
             self.max_steps = 1000
-        for name in ("batch_size", "grad_accum", "vocab_size", "eval_every", "save_every", "log_every",
+        if isinstance(self.corpus, (str, Path)):
+            self.corpus = [str(self.corpus)]
+        if not self.corpus:
+            raise bad("corpus", "is required")
+        for name in ("batch_size", "grad_accum", "vocab_size", "tokenizer_sample", "eval_every", "save_every", "log_every",
                      "keep_checkpoints", "eval_examples"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be at least 1")
@@ -67,6 +80,8 @@ class TrainOptions:
             raise bad("time_budget", "must be positive (minutes)")
         if not 8 <= self.max_seq_len <= 512:
             raise bad("max_seq_len", "must be between 8 and 512")
+        if self.workers < 0:
+            raise bad("workers", "must be 0 (one per core) or more")
         if not 0 < self.mask_rate < 1:
             raise bad("mask_rate", "must be between 0 and 1")
         if not 0 <= self.eval_fraction < 1:

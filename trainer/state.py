@@ -12,7 +12,7 @@ import hashlib
 import json
 import logging
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,8 +30,7 @@ log = logging.getLogger("trainer")
 @dataclass
 class Progress:
     step: int = 0  # optimizer steps done
-    epoch: int = 0  # pass over the (re-drawn) pairs
-    batch_in_epoch: int = 0  # next batch to take in this epoch
+    cursors: list[list[int]] = field(default_factory=list)  # per training source: [passes done, chunks taken]
     elapsed_s: float = 0.0  # training wall-clock so far (drives a time-budget schedule)
     tokens_seen: int = 0
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO_ROOT
+from devkit.paths import REPO_ROOT
 
 
 def test_serving_benchmark_runs_every_system(tiny_checkpoint, tmp_path):

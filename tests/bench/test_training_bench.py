@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.train_peer import IGNORED, pad_to, transformers_twin
-from tests.conftest import REPO_ROOT, random_model
+from devkit.paths import REPO_ROOT
+from tests.conftest import random_model
 
 
 def test_peer_loss_equals_our_training_loss():

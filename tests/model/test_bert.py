@@ -7,7 +7,8 @@ import torch
 import transformers
 
 from model import PRESETS, BertConfig, BertForPreTraining, ConfigError
-from model.bert import Dropout, Packing
+from model.dropout import Dropout
+from model.packing import Packing
 from tests.conftest import random_model
 
 VOCAB = 300

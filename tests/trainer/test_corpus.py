@@ -51,14 +51,14 @@ def test_errors_name_the_path(tmp_path):
 def test_unreadable_file(tmp_path, monkeypatch):
     locked = tmp_path / "locked.txt"
     locked.write_text("text")
-    real_read = type(locked).read_bytes
+    real_open = type(locked).open
 
-    def refuse(self):
+    def refuse(self, *args, **kwargs):
         if self.name == "locked.txt":
             raise PermissionError(13, "Permission denied", str(self))
-        return real_read(self)
+        return real_open(self, *args, **kwargs)
 
     # Tests run as root in CI, where chmod 000 does not stop reads; refuse the read instead.
-    monkeypatch.setattr(type(locked), "read_bytes", refuse)
+    monkeypatch.setattr(type(locked), "open", refuse)
     with pytest.raises(CorpusError, match="locked.txt: permission denied"):
         read_documents(locked)

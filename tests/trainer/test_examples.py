@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from trainer.corpus import read_documents
-from trainer.masking import replaceable_ids
-from trainer.examples import build_pairs, collate, tokenize
-from trainer.masking import mask_tokens
+from trainer.examples import build_pairs, collate
+from trainer.masking import mask_tokens, replaceable_ids
+from trainer.tokens import TokenizedCorpus
 
 
 def test_masking_rate_split_and_specials(tokenizer):
@@ -45,7 +45,7 @@ def test_masks_are_redrawn_each_time(tokenizer):
 
 
 def test_pairs_are_half_random_from_other_documents_and_fit(small_corpus, tokenizer):
-    corpus = tokenize(read_documents(small_corpus), tokenizer)
+    corpus = TokenizedCorpus.from_documents((d.sentences for d in read_documents(small_corpus)), tokenizer)
     max_len = 64
     pairs = build_pairs(corpus, max_len, seed=3)
     labels = np.array([p.is_random_next for p in pairs])
@@ -77,7 +77,7 @@ def test_long_sentences_are_truncated_not_dropped(tokenizer):
 
     long = " ".join(["word"] * 300) + " ."
     documents = [Document("a", [long, "short one ."]), Document("b", ["other text here .", "and more ."])]
-    corpus = tokenize(documents, tokenizer)
+    corpus = TokenizedCorpus.from_documents((d.sentences for d in documents), tokenizer)
     pairs = build_pairs(corpus, 32, seed=0)
     assert any(len(p.segment_a) + len(p.segment_b) == 29 for p in pairs)
 

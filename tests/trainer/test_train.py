@@ -17,7 +17,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from tests.conftest import REPO_ROOT
+from devkit.paths import REPO_ROOT
 from tests.trainer.conftest import tiny_run_args
 from trainer.cli import main
 
@@ -148,7 +148,8 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, small_corpus, small_eval_corp
 
 
 def test_two_process_torchrun_matches_single_process(tmp_path, small_corpus, small_eval_corpus):
-    common = {"--max-steps": 6, "--dropout": 0.0, "--batch-size": 8, "--save-every": 100}
+    # float32: bfloat16 rounding differs with how a batch is split, and this compares the split itself
+    common = {"--max-steps": 6, "--dropout": 0.0, "--batch-size": 8, "--save-every": 100, "--precision": "float32"}
     single = run_cli(tiny_run_args(small_corpus, small_eval_corpus, tmp_path / "one", tmp_path / "cache", **common))
     assert single.returncode == 0, single.stderr
     torchrun = Path(PYTHON).with_name("torchrun")

@@ -1,0 +1,135 @@
+"""What a run writes into its output directory: metrics.jsonl, resumable checkpoints, the curves, and
+at the end the servable checkpoint itself. Only the writer rank (rank 0) writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from model.checkpoint import save_checkpoint
+from trainer.plot import plot_metrics
+from trainer.state import Progress, prune, state_writer
+
+SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class RunFiles:
+    def __init__(self, output: Path, is_writer: bool):
+        self.output = output
+        self.is_writer = is_writer
+        self.metrics_path = output / "metrics.jsonl"
+        self.history: list[dict] = []
+        if is_writer:
+            _check_writable(output)
+
+    def start(self, resumed: bool) -> None:
+        """A resumed run continues its metrics; a new one starts them afresh."""
+        if not self.is_writer:
+            return
+        if resumed:
+            self.history = _read_history(self.metrics_path)
+        else:
+            self.output.mkdir(parents=True, exist_ok=True)
+            self.metrics_path.unlink(missing_ok=True)
+
+    def log(self, row: dict) -> None:
+        if not self.is_writer:
+            return
+        self.history.append(row)
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+    def metadata(self, options, data, progress: Progress, device: torch.device, final_eval: dict | None = None) -> dict:
+        speeds = [r["tokens_per_s"] for r in self.history if "tokens_per_s" in r]
+        return {
+            "format": "bert-serve/1",
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([Path(sys.executable).name, "-m", "trainer", *sys.argv[1:]]),
+            "options": options.to_json(),
+            "data": data.description,
+            "progress": asdict(progress),
+            "train_tokens_per_s": sum(speeds) / len(speeds) if speeds else None,
+            "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+            "torch_version": torch.__version__,
+            "eval": final_eval,
+        }
+
+    def save_resumable(self, model, optimizer, data, options, progress: Progress, device: torch.device) -> None:
+        target = self.output / "checkpoints" / f"step-{progress.step:07d}"
+        save_checkpoint(target, model, data.tokenizer, metadata=self.metadata(options, data, progress, device),
+                        write_extra=state_writer(optimizer, progress))
+        prune(self.output, options.keep_checkpoints)
+
+    def finish(self, model, data, options, progress: Progress, device: torch.device, final_eval: dict) -> None:
+        """The curves, then the servable checkpoint under the output name, with the run's files beside it."""
+        plot_metrics(self.history, self.output / "training_curves.png")
+        metadata = self.metadata(options, data, progress, device, final_eval=final_eval)
+        save_checkpoint(self.output, model, data.tokenizer, metadata=metadata, dtype=SAVE_DTYPES[options.save_dtype],
+                        write_extra=self._keep_run_files)
+
+    def _keep_run_files(self, tmp: Path) -> None:
+        """Carry the run's files into the final checkpoint directory by hard link (no copy, and the old
+        directory stays intact until the atomic swap)."""
+        for name in ("metrics.jsonl", "training_curves.png", "checkpoints"):
+            source = self.output / name
+            if source.is_dir():
+                shutil.copytree(source, tmp / name, copy_function=_link_or_copy)
+            elif source.is_file():
+                _link_or_copy(source, tmp / name)
+
+    def progress_bar(self, options, progress: Progress, enabled: bool):
+        if not (enabled and self.is_writer):
+            return _NoBar()
+        from tqdm import tqdm
+
+        return tqdm(total=options.max_steps, initial=progress.step, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    @staticmethod
+    def eta(progress: Progress, fraction: float) -> str:
+        if fraction <= 0:
+            return "?"
+        remaining = progress.elapsed_s * (1 - fraction) / fraction
+        return time.strftime("%H:%M:%S", time.gmtime(max(0.0, remaining)))
+
+
+class _NoBar:
+    def update(self, _n: int) -> None: ...
+    def set_postfix(self, **_kw) -> None: ...
+    def close(self) -> None: ...
+
+
+def _check_writable(output: Path) -> None:
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(exc.errno, f"output directory {output} is not writable: {exc.strerror}") from None
+
+
+def _link_or_copy(src, dst) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _read_history(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by a crash ends the usable history
+    return rows
