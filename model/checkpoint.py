@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from model.bert import BertForPreTraining
 from model.config import BertConfig, ConfigError
 from model.files import read_json_object
+from model.pooling import PoolingConfigError, PoolingRecipe, read_pooling
 from model.tokenizer import TokenizerError, WordPieceTokenizer
 
 CONFIG_FILE = "config.json"
@@ -52,6 +53,7 @@ class Checkpoint:
     model: BertForPreTraining
     tokenizer: WordPieceTokenizer
     metadata: dict[str, Any] = field(default_factory=dict)
+    pooling: PoolingRecipe = field(default_factory=lambda: PoolingRecipe("mean", False, "default"))
 
 
 # ---- names ---------------------------------------------------------------------------------------
@@ -262,7 +264,11 @@ def load_checkpoint(
             f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but {CONFIG_FILE} "
             f"says vocab_size {config.vocab_size}"
         )
-    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory))
+    try:
+        pooling = read_pooling(directory)
+    except PoolingConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory), pooling)
 
 
 def read_metadata(directory: Path) -> dict[str, Any]:

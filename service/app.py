@@ -10,14 +10,19 @@ from fastapi import FastAPI
 
 from service.guards import Admission, BodyLimit, RequestMetrics
 from service.http_errors import install_error_handlers
+from service.pages import mount_assets, pages
 from service.routes import api, public
+from service.routes_openai import openai
+from service.routes_tei import tei
 from service.runtime import Runtime
 from service.settings import Settings
 
 log = logging.getLogger("service")
 
 DESCRIPTION = """Contextual token embeddings, masked-token fill-in and next-sentence scores from a BERT checkpoint,
-behind dynamic batching. Errors always have the body `{"error": "...", "error_type": "..."}`."""
+behind dynamic batching; OpenAI- and text-embeddings-inference-compatible embedding routes for existing clients.
+Errors on our routes have the body `{"error": "...", "error_type": "..."}`; the compatible routes answer errors in
+their API's own shape. A playground for people is at `/`."""
 
 
 def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI:
@@ -49,10 +54,11 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
             log.info("shutdown: answered %d of %d accepted requests", runtime.requests.answered,
                      runtime.requests.accepted)
 
-    app = FastAPI(title="BERT service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="BERT service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # served by service.pages from local assets
     app.state.runtime = runtime
     app.state.on_load_failure = None
-    routers = (public, api)
+    routers = (public, api, openai, tei)
     for router in routers:
         app.include_router(router)
 
@@ -65,6 +71,8 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
         """Metrics label: the route, or "other" (unknown paths must not create unbounded label values)."""
         return path if path in labels else "other"
 
+    app.include_router(pages)
+    mount_assets(app)
     install_error_handlers(app, on_error=lambda kind, request: runtime.metrics.failures.labels(
         route_label(request.url.path), kind).inc())
     metrics = runtime.metrics

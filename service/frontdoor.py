@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from model.tokenizer import WordPieceTokenizer
 from service.batcher import Batcher, Ticket
 from service.errors import ServiceError
-from service.inputs import Limits, encode_items, fill_mask_items, nsp_items
+from service.inputs import Limits, Piece, encode_items, fill_mask_items, nsp_items, tokenize_texts
 from service.metrics import Metrics
 from service.tasks import FillMaskScores, Item, NspLogits, Pooling, PooledVector, TokenVectors
 
@@ -73,9 +73,10 @@ class FrontDoor:
     # ---- tasks ---------------------------------------------------------------------------------
 
     async def encode(self, inputs, pooling: Pooling, normalize: bool, truncate: bool,
-                     gone: Callable[[], Awaitable[None]] | None = None) -> list[EncodeOutput]:
+                     gone: Callable[[], Awaitable[None]] | None = None, field: str = "inputs") -> list[EncodeOutput]:
+        """`field` is what error messages call the inputs (the request's own name for them)."""
         items, tokens = await self._tokenize(inputs, lambda: encode_items(
-            self.tokenizer, inputs, pooling, normalize, truncate, self.limits))
+            self.tokenizer, inputs, pooling, normalize, truncate, self.limits, field))
         results = await self._compute(items, gone)
         return [EncodeOutput(t, r) for t, r in zip(tokens, results)]
 
@@ -94,6 +95,11 @@ class FrontDoor:
         items = await self._tokenize(inputs, lambda: nsp_items(self.tokenizer, inputs, truncate, self.limits))
         results: list[NspLogits] = await self._compute(items, gone)
         return [_nsp_output(r) for r in results]
+
+    async def tokenize(self, inputs, add_special_tokens: bool) -> list[list[Piece]]:
+        """Each input's tokens with ids and character offsets (no model work)."""
+        return await self._tokenize(inputs, lambda: tokenize_texts(self.tokenizer, inputs, add_special_tokens,
+                                                                   self.limits))
 
     # ---- the steps ---------------------------------------------------------------------------
 

@@ -84,8 +84,9 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     for error in exc.errors()[:5]:
         if error.get("type") == "json_invalid":
             return "the request body is not valid JSON", None
-        location = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
-        first = first or location
+        parts = [str(part) for part in error.get("loc", ()) if part != "body"]
+        location = ".".join(parts) or "body"
+        first = first or (parts[0] if parts else None)  # the request field, not the union branch
         problems.append(f"{location}: {error.get('msg', 'invalid')}")
     more = len(exc.errors()) - 5
     return "; ".join(problems) + (f" (and {more} more)" if more > 0 else ""), first

@@ -26,20 +26,20 @@ def _as_list(inputs, is_single) -> list:
 
 def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
     if not texts:
-        raise ServiceError("validation", f"{field} is empty; send at least one input")
+        raise ServiceError("validation", f"{field} is empty; send at least one input", param=field)
     if len(texts) > limits.max_inputs_per_request:
         raise ServiceError("validation", f"{field} has {len(texts)} entries; the limit is "
-                                         f"{limits.max_inputs_per_request} per request")
+                                         f"{limits.max_inputs_per_request} per request", param=field)
     for index, entry in enumerate(texts):
         parts = entry if isinstance(entry, (list, tuple)) else [entry]
         for part in parts:
             if not part.strip():
-                raise ServiceError("validation", f"{field}[{index}] is empty or whitespace only")
+                raise ServiceError("validation", f"{field}[{index}] is empty or whitespace only", param=field)
             if len(part) > limits.max_input_chars:
                 raise ServiceError("validation", f"{field}[{index}] has {len(part)} characters; the limit is "
-                                                 f"{limits.max_input_chars}")
+                                                 f"{limits.max_input_chars}", param=field)
             if any(0xD800 <= ord(c) <= 0xDFFF for c in part):
-                raise ServiceError("validation", f"{field}[{index}] contains a lone surrogate (not valid Unicode)")
+                raise ServiceError("validation", f"{field}[{index}] contains a lone surrogate (not valid Unicode)", param=field)
 
 
 def _encode(tokenizer: WordPieceTokenizer, entries: list, truncate: bool, field: str = "inputs") -> list[EncodedText]:
@@ -47,16 +47,16 @@ def _encode(tokenizer: WordPieceTokenizer, entries: list, truncate: bool, field:
     for index, e in enumerate(encoded):
         if len(e.ids) > tokenizer.model_max_length:
             raise ServiceError("validation", f"{field}[{index}] is {len(e.ids)} tokens long; the model takes at most "
-                                             f"{tokenizer.model_max_length} (send truncate: true to cut it)")
+                                             f"{tokenizer.model_max_length} (send truncate: true to cut it)", param=field)
     return encoded
 
 
 def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: Pooling, normalize: bool, truncate: bool,
-                 limits: Limits) -> tuple[list[EncodeItem], list[list[str]]]:
-    """Items, and each input's tokens as text."""
+                 limits: Limits, field: str = "inputs") -> tuple[list[EncodeItem], list[list[str]]]:
+    """Items, and each input's tokens as text. `field` names the inputs in error messages."""
     entries = _as_list(inputs, lambda x: isinstance(x, str))
-    _check_texts(entries, limits)
-    encoded = _encode(tokenizer, entries, truncate)
+    _check_texts(entries, limits, field)
+    encoded = _encode(tokenizer, entries, truncate, field)
     items = [EncodeItem(e.ids, e.type_ids, pooling=pooling, normalize=normalize) for e in encoded]
     return items, [e.tokens for e in encoded]
 
@@ -96,3 +96,29 @@ def nsp_items(tokenizer: WordPieceTokenizer, inputs, truncate: bool, limits: Lim
     pairs = _as_list(inputs, lambda x: len(x) == 2 and all(isinstance(s, str) for s in x))
     _check_texts(pairs, limits)
     return [NspItem(e.ids, e.type_ids) for e in _encode(tokenizer, pairs, truncate)]
+
+
+@dataclass
+class Piece:
+    id: int
+    text: str  # the input's characters for a word piece; the token itself for [CLS] / [SEP]
+    special: bool
+    start: int | None  # character offsets into the input (None for [CLS] / [SEP])
+    stop: int | None
+
+
+def tokenize_texts(tokenizer: WordPieceTokenizer, inputs, add_special_tokens: bool, limits: Limits) -> list[list[Piece]]:
+    texts = _as_list(inputs, lambda x: isinstance(x, str))
+    _check_texts(texts, limits)
+    template = {tokenizer.cls_id, tokenizer.sep_id}
+    out = []
+    for text, e in zip(texts, tokenizer.encode_batch(texts)):
+        pieces = []
+        for token_id, token, (start, stop) in zip(e.ids, e.tokens, e.offsets):
+            if token_id in template and start == stop:  # added by the template, not in the text
+                if add_special_tokens:
+                    pieces.append(Piece(token_id, token, True, None, None))
+            else:
+                pieces.append(Piece(token_id, text[start:stop], False, start, stop))
+        out.append(pieces)
+    return out

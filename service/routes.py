@@ -66,8 +66,8 @@ Door = Annotated[FrontDoor, Depends(get_frontdoor)]
 State = Annotated[Runtime, Depends(get_runtime)]
 ERRORS = {status: {"model": ErrorBody} for status in sorted(set(STATUS.values()) - {404, 405})}
 
-api = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS)
-public = APIRouter()
+api = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["BERT"])
+public = APIRouter(tags=["Operations"])
 
 
 @api.post("/encode", response_model=EncodeResponse, summary="Contextual token embeddings")

@@ -15,7 +15,8 @@ DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "mini-wikitext2"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BERT_", extra="forbid", validate_default=True)
+    # An empty variable means "not set" (compose passes `${BERT_API_KEY:-}` as ""), so the default applies.
+    model_config = SettingsConfigDict(env_prefix="BERT_", extra="forbid", validate_default=True, env_ignore_empty=True)
 
     checkpoint: Path = Field(DEFAULT_CHECKPOINT, description=(
         "Checkpoint directory to serve (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel "

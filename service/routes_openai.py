@@ -1,0 +1,49 @@
+"""OpenAI-compatible routes, so the `openai` client and the RAG stacks built on it (LangChain's and
+LlamaIndex's OpenAI embeddings) can point here: `POST /v1/embeddings`, `GET /v1/models`.
+
+Vectors are pooled as the checkpoint's sentence-transformers recipe says (mean otherwise) and always
+normalized, as OpenAI's are. Errors have OpenAI's body (`service.http_errors`), so the client raises
+its own exception classes.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from service.errors import ServiceError
+from service.outputs import b64_floats, json_response
+from service.routes import Door, State, client_gone, require_api_key
+from service.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, OpenAIError
+
+ERRORS = {status: {"model": OpenAIError} for status in (400, 401, 413, 415, 429, 500, 501, 503)}
+openai = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["OpenAI-compatible"])
+
+
+@openai.post("/embeddings", response_model=OpenAIEmbeddingsResponse, summary="Embeddings (OpenAI-compatible)")
+async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, door: Door, state: State) -> Response:
+    """Normalized sentence embeddings, pooled as the checkpoint says; `encoding_format` float or base64."""
+    if not isinstance(body.input, str) and any(not isinstance(x, str) for x in body.input):
+        raise ServiceError("validation", "input must be a string or a list of strings; token-id arrays are not "
+                           "accepted (they would be ids of another tokenizer)", param="input")
+    width = state.checkpoint.config.hidden_size
+    if body.dimensions is not None and body.dimensions != width:
+        raise ServiceError("validation", f"dimensions {body.dimensions} is not supported: this model's embeddings "
+                           f"have {width} dimensions (leave dimensions out)", param="dimensions")
+    outputs = await door.encode(body.input, state.checkpoint.pooling.mode, True, False, gone=client_gone(request),
+                                field="input")
+    data = []
+    for index, output in enumerate(outputs):
+        vector = output.result.vector
+        data.append({"object": "embedding", "index": index,
+                     "embedding": b64_floats(vector) if body.encoding_format == "base64" else vector})
+    tokens = sum(len(o.tokens) for o in outputs)
+    return json_response({"object": "list", "data": data, "model": state.model_name,
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+@openai.get("/models", summary="Models (OpenAI-compatible)")
+async def models(state: State) -> Response:
+    """The one served model."""
+    return json_response({"object": "list", "data": [
+        {"id": state.model_name, "object": "model", "created": 0, "owned_by": "bert-serve"}]})
