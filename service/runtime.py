@@ -153,6 +153,9 @@ class Runtime:
             "device": str(engine.device) if engine else None,
             "dtype": str(engine.dtype).removeprefix("torch.") if engine else None,
             "max_input_tokens": checkpoint.tokenizer.model_max_length if checkpoint else None,
+            # the pooling of /v1/embeddings and /embed (our /encode takes it per request)
+            "pooling": {"mode": checkpoint.pooling.mode, "normalize": checkpoint.pooling.normalize,
+                        "source": checkpoint.pooling.source} if checkpoint else None,
         }
         if full:
             body["training"] = {k: metadata.get(k) for k in ("eval", "data", "progress", "created", "command")
