@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.config import ConfigError
     from model.tokenizer import TokenizerError
     from trainer.corpus import CorpusError
+    from trainer.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError
     from trainer.loop import Interrupted, train
 
     try:
@@ -66,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         output = train(options)
     except Interrupted as interrupt:
         return 128 + interrupt.signum
+    except DownloadError as exc:  # a distinct code, so a supervisor can tell "retry later" from "never"
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_PERMANENT if exc.permanent else EXIT_TRANSIENT
     except (CorpusError, CheckpointError, ConfigError, TokenizerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,8 +1,14 @@
 """Downloading the public WikiText corpora into a cache, verified by checksum and reused.
 
+Each corpus has mirrors, tried in order: the archives' current home (wikitext.smerity.com, the
+dataset author's site) first, the original S3 bucket (which answers 403 since 2024) as a fallback.
 The archive goes to `<name>.zip.part`, is hashed while it streams, and is renamed to its final name
 only when the checksum matches; extraction goes to a temporary directory renamed into place at the
 end. A partial or corrupt download is therefore never used, and a completed one is never fetched again.
+
+Failures say whether retrying can help: `DownloadError.permanent` is true when every mirror refused
+for good (404, 403, 410, a checksum mismatch) or the name is unknown; the trainer then exits with
+EXIT_PERMANENT so that a supervisor does not restart it forever (network errors exit EXIT_TRANSIENT).
 """
 
 from __future__ import annotations
@@ -13,17 +19,28 @@ import shutil
 import urllib.request
 import uuid
 import zipfile
+import urllib.error
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.corpus import CorpusError
 
 DEFAULT_CACHE = Path(os.environ.get("BERT_CACHE_DIR", Path.home() / ".cache" / "bert-serve"))
+EXIT_PERMANENT = 3  # retrying cannot help: fix the corpus name or the mirror list
+EXIT_TRANSIENT = 75  # EX_TEMPFAIL: the network failed; retrying later may work
+PERMANENT_HTTP = {401, 403, 404, 410, 451}
+USER_AGENT = "bert-serve-trainer/0.1 (corpus download)"  # some hosts refuse Python's default agent
+
+
+class DownloadError(CorpusError):
+    def __init__(self, message: str, permanent: bool):
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
 class RemoteCorpus:
-    url: str
+    urls: tuple[str, ...]  # mirrors, tried in order
     md5: str  # of the archive, as published (torchtext and others list the same values)
     train_file: str  # member path, relative to the archive root
     eval_file: str
@@ -32,7 +49,8 @@ class RemoteCorpus:
 
 REMOTE_CORPORA = {
     "wikitext-2": RemoteCorpus(
-        url="https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip",
+        urls=("https://wikitext.smerity.com/wikitext-2-v1.zip",
+              "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip"),
         md5="542ccefacc6c27f945fb54453812b3cd",
         train_file="wikitext-2/wiki.train.tokens",
         eval_file="wikitext-2/wiki.valid.tokens",
@@ -42,7 +60,8 @@ REMOTE_CORPORA = {
         },
     ),
     "wikitext-103": RemoteCorpus(
-        url="https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip",
+        urls=("https://wikitext.smerity.com/wikitext-103-v1.zip",
+              "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip"),
         md5="9ddaacaf6af0710eda8c456decff7832",
         train_file="wikitext-103/wiki.train.tokens",
         eval_file="wikitext-103/wiki.valid.tokens",
@@ -63,7 +82,7 @@ def fetch(name: str, cache_dir: Path = DEFAULT_CACHE, registry: dict[str, Remote
     """Return (train file, eval file) of a named corpus, downloading and extracting it once."""
     registry = REMOTE_CORPORA if registry is None else registry
     if name not in registry:
-        raise CorpusError(f"unknown corpus name {name!r}; known: {sorted(registry)}")
+        raise DownloadError(f"unknown corpus name {name!r}; known: {sorted(registry)}", permanent=True)
     remote = registry[name]
     root = Path(cache_dir) / name
     extracted = root / "extracted"
@@ -74,14 +93,28 @@ def fetch(name: str, cache_dir: Path = DEFAULT_CACHE, registry: dict[str, Remote
 
 
 def _download(remote: RemoteCorpus, root: Path, timeout: float) -> Path:
+    """The verified archive, from the first mirror that delivers it."""
     root.mkdir(parents=True, exist_ok=True)
-    archive = root / Path(remote.url).name
+    archive = root / Path(remote.urls[0]).name
     if archive.is_file() and _file_digest(archive, "md5") == remote.md5:
         return archive
+    failures: list[DownloadError] = []
+    for url in remote.urls:
+        try:
+            _download_one(url, remote.md5, archive, timeout)
+            return archive
+        except DownloadError as exc:
+            failures.append(exc)
+    permanent = all(f.permanent for f in failures)
+    raise DownloadError("; ".join(str(f) for f in failures), permanent=permanent)
+
+
+def _download_one(url: str, md5: str, archive: Path, timeout: float) -> None:
     partial = archive.with_name(archive.name + f".part-{uuid.uuid4().hex[:6]}")
     digest = hashlib.md5()
+    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     try:
-        with urllib.request.urlopen(remote.url, timeout=timeout) as response, open(partial, "wb") as out:
+        with urllib.request.urlopen(request, timeout=timeout) as response, open(partial, "wb") as out:
             expected = response.headers.get("Content-Length")
             received = 0
             for chunk in iter(lambda: response.read(1 << 20), b""):
@@ -89,17 +122,18 @@ def _download(remote: RemoteCorpus, root: Path, timeout: float) -> Path:
                 digest.update(chunk)
                 received += len(chunk)
         if expected is not None and received != int(expected):
-            raise CorpusError(f"download of {remote.url} stopped at {received} of {expected} bytes")
-        if digest.hexdigest() != remote.md5:
-            raise CorpusError(
-                f"download of {remote.url} is corrupt: md5 {digest.hexdigest()} != expected {remote.md5}"
-            )
+            raise DownloadError(f"download of {url} stopped at {received} of {expected} bytes", permanent=False)
+        if digest.hexdigest() != md5:
+            raise DownloadError(f"download of {url} is corrupt: md5 {digest.hexdigest()} != expected {md5}",
+                                permanent=True)
         os.replace(partial, archive)
-    except OSError as exc:  # URLError, timeouts and disk errors are all OSError
-        raise CorpusError(f"cannot download {remote.url}: {exc}") from None
+    except urllib.error.HTTPError as exc:
+        raise DownloadError(f"cannot download {url}: HTTP {exc.code} {exc.reason}",
+                            permanent=exc.code in PERMANENT_HTTP) from None
+    except OSError as exc:  # URLError, timeouts, refused connections and disk errors are all OSError
+        raise DownloadError(f"cannot download {url}: {exc}", permanent=False) from None
     finally:
         partial.unlink(missing_ok=True)
-    return archive
 
 
 def _extract(archive: Path, remote: RemoteCorpus, extracted: Path) -> None:

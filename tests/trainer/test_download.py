@@ -11,7 +11,8 @@ import zipfile
 import pytest
 
 from trainer.corpus import CorpusError
-from trainer.download import RemoteCorpus, fetch
+from trainer.cli import main
+from trainer.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError, RemoteCorpus, fetch
 
 
 def make_zip() -> bytes:
@@ -23,13 +24,16 @@ def make_zip() -> bytes:
 
 
 class Server:
-    def __init__(self, body: bytes, truncate_to: int | None = None):
+    def __init__(self, body: bytes, truncate_to: int | None = None, status: int = 200):
         self.hits = 0
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
                 outer.hits += 1
+                if status != 200:
+                    self.send_error(status)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -47,7 +51,8 @@ class Server:
 
 
 def registry(url: str, md5: str) -> dict[str, RemoteCorpus]:
-    return {"toy": RemoteCorpus(url=url, md5=md5, train_file="toy/train.tokens", eval_file="toy/valid.tokens")}
+    urls = (url,) if isinstance(url, str) else tuple(url)
+    return {"toy": RemoteCorpus(urls=urls, md5=md5, train_file="toy/train.tokens", eval_file="toy/valid.tokens")}
 
 
 @pytest.fixture
@@ -96,3 +101,45 @@ def test_file_urls_work_and_unknown_names_are_refused(tmp_path, archive):
     assert train.is_file()
     with pytest.raises(CorpusError, match="unknown corpus name 'nope'"):
         fetch("nope", tmp_path)
+
+
+def test_a_dead_mirror_falls_back_to_the_next(tmp_path, archive):
+    dead, alive = Server(archive, status=403), Server(archive)
+    try:
+        train, _ = fetch("toy", tmp_path, registry=registry([dead.url, alive.url], hashlib.md5(archive).hexdigest()))
+        assert train.is_file() and dead.hits == 1 and alive.hits == 1
+    finally:
+        dead.close()
+        alive.close()
+
+
+def test_failures_say_whether_retrying_can_help(tmp_path, archive):
+    gone = Server(archive, status=404)
+    try:
+        with pytest.raises(DownloadError, match="HTTP 404") as raised:
+            fetch("toy", tmp_path, registry=registry(gone.url, hashlib.md5(archive).hexdigest()))
+        assert raised.value.permanent
+        with pytest.raises(DownloadError, match="corrupt") as raised:  # served, but not the published archive
+            fetch("toy", tmp_path, registry=registry(Server(archive).url, "0" * 32))
+        assert raised.value.permanent
+        refused = "http://127.0.0.1:9/toy.zip"  # nothing listens on the discard port
+        with pytest.raises(DownloadError) as raised:
+            fetch("toy", tmp_path, registry=registry([gone.url, refused], hashlib.md5(archive).hexdigest()))
+        assert not raised.value.permanent  # one mirror may come back
+        with pytest.raises(DownloadError) as raised:
+            fetch("nope", tmp_path)
+        assert raised.value.permanent
+    finally:
+        gone.close()
+
+
+@pytest.mark.parametrize("permanent, code", [(True, EXIT_PERMANENT), (False, EXIT_TRANSIENT)])
+def test_the_cli_exits_with_a_code_that_tells_retry_from_never(tmp_path, monkeypatch, capsys, permanent, code):
+    import trainer.loop
+
+    def fail(options):
+        raise DownloadError("cannot download http://x/toy.zip: HTTP 404 Not Found", permanent=permanent)
+
+    monkeypatch.setattr(trainer.loop, "train", fail)
+    assert main(["--corpus", "wikitext-2", "--output", str(tmp_path / "out"), "--no-progress"]) == code
+    assert "error: cannot download" in capsys.readouterr().err
