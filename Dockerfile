@@ -1,21 +1,40 @@
-# syntax=docker/dockerfile:1
-# One image for the service (default) and the trainer:
-#   docker run --gpus all -p 8000:8000 bert-serve                 -> serves the bundled model
-#   docker run --gpus all -v ckpts:/checkpoints bert-serve train --corpus wikitext-2 --output /checkpoints/m
+# One image for the service (default) and the trainer, in two variants built from locks:
+#   docker build -t bert-serve:0.1.0 .                               CUDA (GPU hosts; also runs on CPU)
+#   docker build --build-arg VARIANT=cpu -t bert-serve:0.1.0-cpu .   CPU only: PyTorch's CPU wheel, a fraction of the size
+#   docker run --gpus all -p 8000:8000 bert-serve:0.1.0             -> serves the bundled model
+#   docker run -v ckpts:/checkpoints bert-serve:0.1.0-cpu train --corpus wikitext-2 --output /checkpoints/m
+# The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
+# Linux x86-64) and requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index).
 FROM python:3.11.11-slim-bookworm
+
+ARG VARIANT=cuda
+# Where the CPU build of torch comes from. Builds on machines without that index reach pip's own
+# configuration instead (PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS as build arguments).
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_TRUSTED_HOST
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
 
 WORKDIR /app
 
-# Dependencies first, in their own layer: rebuilt only when the pins change. This is the same install
-# step as `make serve`; on Linux x86-64, PyPI's torch==2.13.0 is the CUDA build (the host only needs
-# the NVIDIA driver and container toolkit).
-COPY requirements/serve.txt requirements/serve.txt
-RUN python -m pip install -r requirements/serve.txt
+# Dependencies first, in their own layer (rebuilt only when a lock changes), in a virtual environment
+# that holds exactly the lock: `pip freeze` there equals it.
+COPY requirements/serve.txt requirements/image-cuda.txt requirements/
+RUN python -m venv /opt/venv \
+ && case "$VARIANT" in \
+      cuda) pip install --no-deps -r requirements/image-cuda.txt ;; \
+      cpu) pip install --no-deps ${TORCH_CPU_INDEX:+--extra-index-url "$TORCH_CPU_INDEX"} \
+             -r requirements/serve.txt "torch==$(sed -n 's/^torch==//p' requirements/serve.txt)+cpu" ;; \
+      *) echo "VARIANT must be cuda or cpu, not $VARIANT" >&2; exit 2 ;; \
+    esac \
+ && pip check
 
 # An unprivileged user owns the volume mount points, so named volumes start writable for it.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin bert \
@@ -32,11 +51,11 @@ USER bert
 ENV BERT_HOST=0.0.0.0 \
     BERT_PORT=8000 \
     BERT_CACHE_DIR=/cache \
-    BERT_DRAIN_SECONDS=2
+    BERT_DRAIN_SECONDS=2 \
+    BERT_IMAGE_VARIANT=$VARIANT
 EXPOSE 8000
 
-HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import os, sys, urllib.request; url = 'http://127.0.0.1:%s/health' % os.environ.get('BERT_PORT', '8000'); sys.exit(0 if urllib.request.urlopen(url, timeout=2).status == 200 else 1)"]
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 CMD ["bert", "health"]
 
 ENTRYPOINT ["bert"]
 CMD ["serve"]

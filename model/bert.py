@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import BertConfig
-from model.dropout import Dropout, dropout
+from model.dropout import Dropout, attention_with_cheap_dropout
 from model.packing import Packing
 
 _ACTIVATIONS = {
@@ -94,13 +94,7 @@ class BertSelfAttention(nn.Module):
 
         q, k, v = heads(q), heads(k), heads(v)
         if self.training and self.dropout_prob > 0 and q.device.type == "cpu":
-            # SDPA's CPU path with dropout is the unfused math one with the slow bernoulli draw;
-            # written out here it is the same computation with the cheaper dropout above.
-            scores = (q * self.head_dim**-0.5) @ k.transpose(-1, -2)  # scaling q is cheaper than the scores
-            if key_mask is not None:
-                scores = scores + torch.zeros(key_mask.shape, dtype=scores.dtype, device=scores.device).masked_fill(
-                    ~key_mask, float("-inf"))
-            out = dropout(scores.softmax(-1), self.dropout_prob, training=True) @ v
+            out = attention_with_cheap_dropout(q, k, v, key_mask, self.dropout_prob)
         else:
             # SDPA picks flash / memory-efficient kernels where the device has them. key_mask is a
             # boolean (B, 1, 1, T) key mask, or None when nothing is padded (which unlocks flash).

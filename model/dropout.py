@@ -39,3 +39,17 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     uniform16 = draws.view(torch.int16)[:count].view(x.shape)  # uniform over [-32768, 32767]
     scale = (uniform16 >= round(p * 65536) - 32768).to(x.dtype).mul_(1.0 / (1.0 - p))
     return x * scale  # a plain product: on CPU 2.5x faster forward + backward than torch.where
+
+
+def attention_with_cheap_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+                                 p: float) -> torch.Tensor:
+    """Scaled dot-product attention with dropout on the weights, (B, nh, Tq, hd) -> (B, nh, Tq, hd).
+
+    SDPA's CPU path with dropout is the unfused math one with the slow bernoulli draw; written out
+    here it is the same computation with the cheaper dropout above.
+    """
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # scaling q is cheaper than the scores
+    if key_mask is not None:  # boolean (B, 1, 1, T): True where a key may be attended
+        scores = scores + torch.zeros(key_mask.shape, dtype=scores.dtype, device=scores.device).masked_fill(
+            ~key_mask, float("-inf"))
+    return dropout(scores.softmax(-1), p, training=True) @ v

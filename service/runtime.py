@@ -140,9 +140,9 @@ class Runtime:
         if self.batcher is not None:
             self.batcher.stop()
 
-    def info(self, full: bool = True) -> dict:
-        """/info. `full` = False leaves out what an anonymous caller need not see when an API key is set:
-        the checkpoint's path and training command line, and the limits."""
+    def info(self) -> dict:
+        """/info: the model, how it was trained (file names only: no path of this or the training host),
+        where it runs, and every limit."""
         checkpoint, engine = self.checkpoint, self.engine
         metadata = checkpoint.metadata if checkpoint else {}
         body = {
@@ -157,8 +157,19 @@ class Runtime:
             "pooling": {"mode": checkpoint.pooling.mode, "normalize": checkpoint.pooling.normalize,
                         "source": checkpoint.pooling.source} if checkpoint else None,
         }
-        if full:
-            body["training"] = {k: metadata.get(k) for k in ("eval", "data", "progress", "created", "command")
-                                if k in metadata}
-            body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
+        training = {k: metadata.get(k) for k in ("eval", "data", "progress", "created", "command") if k in metadata}
+        body["training"] = _file_names_only(training)
+        body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
         return body
+
+
+def _file_names_only(value):
+    """The same JSON value with every string that looks like a path (and every path word of a command
+    line) reduced to its last part: /info does not reveal the layout of the machines involved."""
+    if isinstance(value, dict):
+        return {k: _file_names_only(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_file_names_only(v) for v in value]
+    if isinstance(value, str) and "/" in value:
+        return " ".join(word.rstrip("/").rsplit("/", 1)[-1] if "/" in word else word for word in value.split(" "))
+    return value

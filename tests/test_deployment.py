@@ -1,29 +1,44 @@
-"""What can be checked of the deployment without a Docker engine: the compose file's services, the
-Dockerfile's essentials, the entrypoint, and that the README's settings table matches the code."""
+"""What can be checked of the deployment without a Docker engine: the compose files' services (with
+`docker compose config` where the compose plugin is installed, else the YAML), the Dockerfile's essentials,
+the locks, the load balancer's retry rules, the entrypoint, and that the README's settings table matches the
+code. `make test-docker` (devkit/docker_check.py) runs all of it against a real engine."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
 
-from service.settings import settings_table
 from devkit.paths import REPO_ROOT
+from service.settings import settings_table
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
+HAS_COMPOSE = shutil.which("docker") is not None and subprocess.run(
+    ["docker", "compose", "version"], capture_output=True).returncode == 0
 
 
 def gpu_reservation(service: dict) -> list:
     return service["deploy"]["resources"]["reservations"]["devices"]
 
 
+def compose_config(*args: str) -> dict:
+    """The merged configuration as compose itself computes it (no engine needed)."""
+    done = subprocess.run(["docker", "compose", *args, "config", "--format", "json"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, check=True)
+    import json
+
+    return json.loads(done.stdout)
+
+
 def test_api_service_serves_on_the_gpu_with_health_and_volumes():
     api = COMPOSE["services"]["api"]
-    assert "8000:8000" in api["ports"]
-    assert "/health" in " ".join(api["healthcheck"]["test"])
+    assert "${BERT_PORT:-8000}:${BERT_PORT:-8000}" in api["ports"]
+    assert api["healthcheck"]["test"] == ["CMD", "bert", "health"]  # follows BERT_PORT inside the container
     assert api["restart"] in ("unless-stopped", "always")
     assert gpu_reservation(api) == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
     assert {"checkpoints:/checkpoints", "cache:/cache"} <= set(api["volumes"])
@@ -31,6 +46,29 @@ def test_api_service_serves_on_the_gpu_with_health_and_volumes():
     # One environment variable points the API at a trained checkpoint; the default is the bundled model.
     assert api["environment"]["BERT_CHECKPOINT"] == "${BERT_CHECKPOINT:-/app/checkpoints/mini-wikitext2}"
     assert (REPO_ROOT / "checkpoints" / "mini-wikitext2").is_dir()
+    # A plain `docker compose up` starts the single API (and nothing else): .env enables its profile.
+    assert api["profiles"] == ["serve"] and "COMPOSE_PROFILES=serve" in (REPO_ROOT / ".env").read_text()
+
+
+@pytest.mark.skipif(not HAS_COMPOSE, reason="the docker compose plugin is not installed")
+def test_compose_config_gpu_by_default_cpu_with_the_override():
+    gpu = compose_config()
+    assert set(gpu["services"]) == {"api"}
+    assert gpu["services"]["api"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    cpu = compose_config("-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml")
+    assert "deploy" not in cpu["services"]["api"] and cpu["services"]["api"]["image"].endswith("-cpu")
+    assert cpu["services"]["api"]["build"]["args"]["VARIANT"] == "cpu"
+    scale = compose_config("-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml", "--profile", "scale")
+    assert set(scale["services"]) == {"api-replica", "lb"}  # the scale profile does not also start `api`
+    assert not scale["services"]["api-replica"]["deploy"].get("resources")  # no GPU reservation left
+    train = compose_config("-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml", "--profile", "train")
+    assert set(train["services"]) == {"trainer"} and "deploy" not in train["services"]["trainer"]
+
+
+def test_cpu_override_drops_every_gpu_reservation():
+    override = (REPO_ROOT / "docker-compose.cpu.yml").read_text()
+    assert override.count("!reset") == 3 and "VARIANT: cpu" in override
+    assert set(yaml.safe_load(re.sub(r"!reset ", "", override))["services"]) == {"api", "trainer", "api-replica"}
 
 
 def test_trainer_is_behind_a_profile_and_writes_into_the_volume():
@@ -40,33 +78,47 @@ def test_trainer_is_behind_a_profile_and_writes_into_the_volume():
     output = trainer["command"][trainer["command"].index("--output") + 1]
     assert output.startswith("/checkpoints/") and "checkpoints:/checkpoints" in trainer["volumes"]
     assert gpu_reservation(trainer)
+    assert re.fullmatch(r"on-failure:\d+", trainer["restart"])  # bounded: a permanent error does not loop forever
 
 
-def test_scale_profile_has_replicas_behind_a_load_balancer():
+def test_scale_profile_has_replicas_behind_a_retrying_load_balancer():
     replica, lb = COMPOSE["services"]["api-replica"], COMPOSE["services"]["lb"]
     assert replica["profiles"] == lb["profiles"] == ["scale"]
     assert replica["deploy"]["replicas"] >= 2 and gpu_reservation(replica)
     assert lb["depends_on"]["api-replica"]["condition"] == "service_healthy"
     nginx = (REPO_ROOT / "docker" / "nginx.conf").read_text()
-    assert "server api-replica:8000" in nginx and "proxy_next_upstream" in nginx
+    retry = re.search(r"^\s*proxy_next_upstream (.*);", nginx, re.MULTILINE).group(1).split()
+    assert {"error", "http_503", "non_idempotent"} <= set(retry)  # POSTs to a draining or dead replica go elsewhere
+    assert "include /etc/nginx/bert/replicas.conf;" in nginx and "least_conn;" in nginx
+    lb_script = (REPO_ROOT / "docker" / "lb.sh").read_text()
+    assert "max_fails=1" in lb_script and "nginx -s reload" in lb_script  # replicas added later are picked up
 
 
-def test_dockerfile_essentials():
+def test_dockerfile_essentials_and_locks():
     lines = [line.strip() for line in DOCKERFILE.splitlines() if line.strip() and not line.startswith("#")]
     base = next(line for line in lines if line.startswith("FROM "))
     assert re.fullmatch(r"FROM python:3\.11\.\d+-slim-bookworm", base)  # pinned, not :latest
+    assert "ARG VARIANT=cuda" in lines
     install = next(i for i, line in enumerate(lines) if "pip install" in line)
     first_source_copy = next(i for i, line in enumerate(lines) if line.startswith("COPY service/"))
     assert install < first_source_copy  # dependencies in a layer of their own, before the source
-    assert "python -m pip install -r requirements/serve.txt" in lines[install]
-    assert "$(PIP) install -r requirements/serve.txt" in (REPO_ROOT / "Makefile").read_text()  # same step as CI
+    assert "pip install --no-deps -r requirements/image-cuda.txt" in DOCKERFILE  # exactly the lock, nothing resolved
+    assert "-r requirements/serve.txt" in DOCKERFILE and "$(PIP) install -r requirements/serve.txt" in (
+        REPO_ROOT / "Makefile").read_text()  # the CPU image and `make serve` install the same pins
     user = [line for line in lines if line.startswith("USER ")]
     assert user and user[-1] != "USER root"
     assert "EXPOSE 8000" in lines
-    assert any(line.startswith("HEALTHCHECK") for line in lines) and "/health" in DOCKERFILE
+    assert 'HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 CMD ["bert", "health"]' in lines
     assert 'ENTRYPOINT ["bert"]' in lines and 'CMD ["serve"]' in lines
     assert "COPY checkpoints/ checkpoints/" in lines  # the bundled model only; no secrets or other weights
     assert "api_key" not in DOCKERFILE.lower()
+    cuda_lock = (REPO_ROOT / "requirements" / "image-cuda.txt").read_text()
+    pinned = [line for line in cuda_lock.splitlines() if line and not line.startswith("#")]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[^=\s]+", line) for line in pinned)  # every package, exactly
+    assert any(line.startswith("nvidia-cudnn") for line in pinned) and any(line.startswith("triton==") for line in pinned)
+    serve = {line.split("==")[0] for line in (REPO_ROOT / "requirements" / "serve.txt").read_text().splitlines()
+             if "==" in line}
+    assert serve <= {line.split("==")[0] for line in pinned}  # the CUDA image holds everything serve.txt pins
 
 
 def test_entrypoint_runs_the_service_or_the_trainer():
@@ -77,6 +129,21 @@ def test_entrypoint_runs_the_service_or_the_trainer():
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert expected in result.stdout
+
+
+def test_entrypoint_health_follows_bert_port(tiny_checkpoint):
+    from devkit.server import free_port, start_service
+
+    entrypoint = REPO_ROOT / "docker" / "entrypoint.sh"
+    process, url = start_service(tiny_checkpoint)
+    try:
+        env = {"PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin", "BERT_PORT": url.rsplit(":", 1)[1]}
+        assert subprocess.run(["sh", str(entrypoint), "health"], env=env, timeout=30).returncode == 0
+        env["BERT_PORT"] = str(free_port())  # nothing listens there
+        assert subprocess.run(["sh", str(entrypoint), "health"], env=env, capture_output=True, timeout=30).returncode == 1
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_readme_settings_table_matches_the_code():

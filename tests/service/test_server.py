@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import subprocess
@@ -11,8 +12,9 @@ import sys
 import httpx
 import pytest
 
-from devkit.server import free_port, start_service
 from devkit.paths import REPO_ROOT
+from devkit.server import free_port, start, start_service
+from service.settings import Settings
 
 
 @pytest.fixture
@@ -80,3 +82,18 @@ def test_bad_checkpoint_exits_with_a_clear_error(tmp_path):
                              str(free_port())], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "no model.safetensors" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_setting_set_to_the_empty_string_means_unset(tmp_path):
+    """Compose passes `${BERT_API_KEY:-}` as an empty string: every BERT_* variable empty must serve with the
+    defaults (no key, the bundled model), not fail validation."""
+    env = {**os.environ, **{f"BERT_{name.upper()}": "" for name in Settings.model_fields}}
+    port = free_port()
+    process = start([sys.executable, "-m", "service", "--port", str(port)], f"http://127.0.0.1:{port}", env=env)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            assert client.post("/fill-mask", json={"inputs": "the [MASK] ."}).status_code == 200  # no key asked
+            assert client.get("/info").json()["model"] == "mini-wikitext2"
+    finally:
+        process.kill()
+        process.wait()

@@ -1,0 +1,199 @@
+"""The deployment, run for real against a Docker engine (`make test-docker`; minutes and GBs, not in CI).
+
+1. Builds the images (CPU; CUDA too with --cuda), says their sizes, and checks that `pip freeze` inside
+   each equals its lock.
+2. `docker compose -f docker-compose.yml -f docker-compose.cpu.yml up`: healthy, and /encode, /fill-mask,
+   /nsp answer; then `docker stop` under load: exit 0, and the server answered every request it accepted.
+3. The scale profile with 3 replicas behind nginx: one replica stopped under load, counting what clients
+   lost; then `--scale api-replica=4` and the new replica gets traffic.
+
+    python -m devkit.docker_check [--cuda] [--build-arg NAME=VALUE ...]
+
+Build arguments pass through to `docker build` (on machines whose package index is not PyPI:
+PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_TRUSTED_HOST, TORCH_CPU_INDEX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import httpx
+
+from devkit.paths import REPO_ROOT
+
+CPU_COMPOSE = ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml"]
+IMAGES = {"cpu": "bert-serve:0.1.0-cpu", "cuda": "bert-serve:0.1.0"}
+
+
+def sh(*command: str, check: bool = True, capture: bool = True) -> str:
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=capture, text=True)
+    if check and done.returncode != 0:
+        raise SystemExit(f"$ {' '.join(command)}\n{done.stdout}\n{done.stderr}")
+    return done.stdout if capture else ""
+
+
+def build(variant: str, build_args: list[str]) -> dict:
+    args = [f"--build-arg=VARIANT={variant}"] + [f"--build-arg={a}" for a in build_args]
+    started = time.perf_counter()
+    sh("docker", "build", "--network", "host", *args, "-t", IMAGES[variant], ".", capture=False)
+    size = int(sh("docker", "image", "inspect", "-f", "{{.Size}}", IMAGES[variant]).strip())
+    frozen = sh("docker", "run", "--rm", "--entrypoint", "pip", IMAGES[variant], "freeze", "--all", "--exclude", "pip")
+    lock_file = "requirements/serve.txt" if variant == "cpu" else "requirements/image-cuda.txt"
+    lock = [line for line in (REPO_ROOT / lock_file).read_text().splitlines() if line and not line.startswith("#")]
+    if variant == "cpu":  # the CPU image installs the same torch release from PyTorch's CPU index
+        lock = [re.sub(r"^torch==([^+]+)$", r"torch==\1+cpu", line) for line in lock]
+    installed = set(frozen.split())
+    return {"image": IMAGES[variant], "size_gb": round(size / 1e9, 2), "build_s": round(time.perf_counter() - started),
+            "packages": len(installed), "freeze_equals_lock": installed == set(lock),
+            "missing_from_image": sorted(set(lock) - installed), "not_in_lock": sorted(installed - set(lock))}
+
+
+def container_logs(container: str) -> str:
+    done = subprocess.run(["docker", "logs", container], capture_output=True, text=True)
+    return done.stdout + done.stderr
+
+
+def wait_healthy(url: str, timeout_s: float = 180) -> float:
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return time.perf_counter() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} did not become healthy within {timeout_s:.0f} s")
+
+
+def wait_docker_healthy(container: str, timeout_s: float = 120) -> str:
+    """The compose healthcheck's verdict (`bert health` inside the container), once it has one."""
+    deadline = time.perf_counter() + timeout_s
+    status = ""
+    while time.perf_counter() < deadline:
+        status = sh("docker", "inspect", "-f", "{{.State.Health.Status}}", container).strip()
+        if status != "starting":
+            break
+        time.sleep(1)
+    return status
+
+
+def check_routes(url: str) -> dict:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        encode = client.post("/encode", json={"inputs": "a crane is flying", "pooling": "mean"})
+        fill = client.post("/fill-mask", json={"inputs": "the capital of france is [MASK] ."})
+        nsp = client.post("/nsp", json={"inputs": ["the storm moved north .", "it weakened over land ."]})
+    return {"encode": encode.status_code, "fill_mask": fill.status_code, "nsp": nsp.status_code,
+            "fill_mask_top": fill.json()["results"][0]["masks"][0]["predictions"][0]["token_str"]}
+
+
+async def load(url: str, clients: int, seconds: float, during=None) -> Counter:
+    """`clients` clients sending /encode back to back for `seconds`; `during()` runs in a thread after a
+    third of the time. Counts every outcome: an HTTP status, or the transport error's name."""
+    outcomes: Counter = Counter()
+    stop_at = time.perf_counter() + seconds
+
+    async def client(number: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            while time.perf_counter() < stop_at:
+                try:
+                    response = await http.post("/encode", json={"inputs": [f"sentence {number} about a river"] * 4,
+                                                                "pooling": "mean"})
+                    outcomes[str(response.status_code)] += 1
+                except httpx.TransportError as exc:
+                    outcomes[type(exc).__name__] += 1
+
+    async def act() -> None:
+        await asyncio.sleep(seconds / 3)
+        await asyncio.to_thread(during)
+
+    await asyncio.gather(*(client(n) for n in range(clients)), *([act()] if during else []))
+    return outcomes
+
+
+def compose_single() -> dict:
+    url = "http://127.0.0.1:8000"
+    sh(*CPU_COMPOSE, "up", "-d")
+    try:
+        result = {"healthy_after_s": round(wait_healthy(url), 1), "routes": check_routes(url)}
+        container = sh(*CPU_COMPOSE, "ps", "-q", "api").strip()
+        result["docker_health"] = wait_docker_healthy(container)
+        outcomes = asyncio.run(load(url, clients=16, seconds=12, during=lambda: sh("docker", "stop", container)))
+        logs = container_logs(container)
+        answered = re.findall(r"answered (\d+) of (\d+) accepted", logs)
+        exit_code = int(sh("docker", "inspect", "-f", "{{.State.ExitCode}}", container).strip())
+        result["stop_under_load"] = {"exit_code": exit_code, "client_outcomes": dict(outcomes),
+                                     "server_answered_of_accepted": answered[-1] if answered else None,
+                                     "traceback_in_log": "Traceback" in logs}
+        return result
+    finally:
+        sh(*CPU_COMPOSE, "down", "-v")
+
+
+def compose_scale() -> dict:
+    url = "http://127.0.0.1:8080"
+    scale = [*CPU_COMPOSE, "--profile", "scale"]
+    sh(*scale, "up", "-d", "--scale", "api-replica=3")
+    try:
+        result = {"services": sh(*scale, "ps", "--format", "{{.Service}}").split()}
+        result["healthy_after_s"] = round(wait_healthy(url), 1)
+        replicas = sh(*scale, "ps", "-q", "api-replica").split()
+        victim = replicas[1]
+        clients, seconds = 32, 20
+        outcomes = asyncio.run(load(url, clients=clients, seconds=seconds, during=lambda: sh("docker", "stop", victim)))
+        lost = sum(n for outcome, n in outcomes.items() if outcome != "200")
+        result["stop_one_of_3_under_load"] = {
+            "load": f"{clients} clients sending /encode (4 inputs each) back to back for {seconds} s through nginx",
+            "client_outcomes": dict(outcomes), "lost": lost,
+            "victim_exit_code": int(sh("docker", "inspect", "-f", "{{.State.ExitCode}}", victim).strip())}
+        # A replica added later is seen by the load balancer and gets traffic.
+        sh(*scale, "up", "-d", "--no-recreate", "--scale", "api-replica=4")
+        time.sleep(12)
+        added = sorted(set(sh(*scale, "ps", "-q", "api-replica").split()) - set(replicas))
+        asyncio.run(load(url, clients=8, seconds=6))
+        served = [_requests_served(container) for container in added]
+        result["scaled_to_4"] = {"new_replicas": len(added), "requests_served_by_new": served,
+                                 "lb_log": [line for line in sh(*scale, "logs", "lb").splitlines() if "bert-lb:" in line]}
+        return result
+    finally:
+        sh(*scale, "down", "-v")
+
+
+def _requests_served(container: str) -> int:
+    """POST /encode requests a replica answered 200, from its own /metrics."""
+    metrics = sh("docker", "exec", container, "python", "-c",
+                 "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())")
+    match = re.search(r'^bert_requests_total\{route="/encode",status="200"\} ([0-9.e+]+)$', metrics, re.MULTILINE)
+    return int(float(match.group(1))) if match else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cuda", action="store_true", help="also build the CUDA image (downloads ~5 GB)")
+    parser.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
+    args = parser.parse_args(argv)
+    report = {"images": [build("cpu", args.build_arg)] + ([build("cuda", args.build_arg)] if args.cuda else [])}
+    report["compose_cpu"] = compose_single()
+    report["compose_scale_cpu"] = compose_scale()
+    print(json.dumps(report, indent=1))
+    images_ok = all(i["freeze_equals_lock"] for i in report["images"])
+    single = report["compose_cpu"]
+    stop = single["stop_under_load"]
+    answered = stop["server_answered_of_accepted"]
+    ok = (images_ok and set(single["routes"].values()) - {single["routes"]["fill_mask_top"]} == {200}
+          and single["docker_health"] == "healthy" and stop["exit_code"] == 0 and answered and answered[0] == answered[1]
+          and report["compose_scale_cpu"]["stop_one_of_3_under_load"]["lost"] == 0
+          and all(n > 0 for n in report["compose_scale_cpu"]["scaled_to_4"]["requests_served_by_new"])
+          and "api" not in report["compose_scale_cpu"]["services"])
+    print("test-docker:", "passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""int8 inference for the encoder's Linear layers on CPU, in the variants measured in BENCHMARKS.md.
+
+A BERT Linear layer's input is the output of a LayerNorm, of attention, or of GELU, and LayerNorm
+outputs carry a few channels far larger than the rest. One int8 scale for a whole input tensor spends
+its 255 steps on those channels and rounds every other channel to a handful of values; that, more
+than weight rounding, is what moves int8 embeddings away from float32. Two remedies, combinable:
+
+- per-token activation scales (`Int8Linear`): each row of the input gets its own scale (and the
+  weights one per output channel), computed on the fly. A row's quantization then does not depend on
+  what else is in the batch, so batched results equal single ones, as in float.
+- SmoothQuant (Xiao et al. 2022, arXiv 2211.10438): divide each input channel by
+  s_j = max|X_j|^a / max|W_j|^(1-a) and multiply the weight's column j by s_j. The product is
+  unchanged, the activation's outlier channels shrink, and the weights absorb them (weights are
+  quantized per output channel, so this costs them little). In LLMs the division folds into the
+  preceding LayerNorm; in post-LayerNorm BERT that LayerNorm's output is also the residual stream, so
+  the division happens in the Linear's input instead (one multiply, fused with quantizing it).
+The max|X_j| statistics come from `calibrate` on a little real text.
+
+`quantize(model, scheme, stats)` rewrites the model's encoder in place. The `torch-dynamic` schemes are
+torch's own dynamic quantization (one activation scale per tensor per call, fbgemm kernels), kept as
+the baselines they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from model.bert import BertForPreTraining
+
+SCHEMES = ("torch-dynamic", "torch-dynamic-per-channel", "torch-dynamic-smooth", "per-token", "per-token-smooth")
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W int8 (one scale per output channel) and x quantized per row to int8 on the fly;
+    the product runs in integers (`torch._int_mm`, int32 accumulation). With `smoothing` s, computes
+    (x / s)(W s)^T: the same function, easier to quantize."""
+
+    def __init__(self, linear: nn.Linear, smoothing: torch.Tensor | None = None):
+        super().__init__()
+        weight = linear.weight.detach().float()
+        if smoothing is not None:
+            weight = weight * smoothing[None, :]
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (out,)
+        self.register_buffer("weight_t", torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous())
+        self.register_buffer("weight_scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+        self.register_buffer("input_scale", None if smoothing is None else 1.0 / smoothing.float())
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1]).float()
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        x_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8).div_(127.0)  # (rows, 1)
+        x_int8 = (x / x_scale).round_().to(torch.int8)
+        rows = x_int8.shape[0]
+        if rows <= 16:  # _int_mm wants more than 16 rows; zero rows cost nothing to drop
+            x_int8 = torch.cat([x_int8, x_int8.new_zeros(17 - rows, x_int8.shape[1])])
+        # Dequantize in place: (rows, out) int32 -> float32, times both scales, plus the bias.
+        out = torch._int_mm(x_int8, self.weight_t)[:rows].float().mul_(x_scale).mul_(self.weight_scale)
+        if self.bias is not None:
+            out.add_(self.bias)
+        return out.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        smooth = ", smoothed" if self.input_scale is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per token x per channel{smooth}"
+
+
+class InputScale(nn.Module):
+    """Multiplies its input by a fixed per-channel vector: SmoothQuant's division where no layer can absorb it."""
+
+    def __init__(self, inverse_scale: torch.Tensor):
+        super().__init__()
+        self.register_buffer("inverse_scale", inverse_scale.float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.inverse_scale
+
+
+@torch.inference_mode()
+def calibrate(model: BertForPreTraining, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """max |x_j| per input channel of every encoder Linear, over `batches` of (input_ids, token_type_ids),
+    each (1, T) or padded-free (B, T). Keys are the Linear modules' names."""
+    stats: dict[str, torch.Tensor] = {}
+    hooks = []
+
+    def record(name: str) -> Callable:
+        def hook(_module, inputs, _output):
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).abs().amax(dim=0).float()
+            stats[name] = torch.maximum(stats[name], x) if name in stats else x
+        return hook
+
+    for name, module in model.bert.encoder.named_modules():
+        if isinstance(module, nn.Linear):
+            hooks.append(module.register_forward_hook(record(name)))
+    try:
+        for input_ids, token_type_ids in batches:
+            model.bert(input_ids, token_type_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return stats
+
+
+def smoothing(activation_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's per-input-channel s = max|X_j|^alpha / max|W_j|^(1 - alpha)."""
+    weight_max = weight.detach().abs().amax(dim=0).float()
+    return (activation_max.clamp(min=1e-5).pow(alpha) / weight_max.clamp(min=1e-5).pow(1 - alpha)).clamp(min=1e-5)
+
+
+@torch.inference_mode()
+def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tensor] | None = None,
+             alpha: float = 0.5, keep: tuple[str, ...] = ()) -> BertForPreTraining:
+    """Replace the encoder's Linear layers by int8 ones, in place (the heads stay float). `keep`: name
+    suffixes of Linears left in float (e.g. "output.dense"). Smoothing schemes need `stats`."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown int8 scheme {scheme!r}; choose one of {SCHEMES}")
+    if scheme.endswith("smooth") and stats is None:
+        raise ValueError(f"scheme {scheme} needs calibration statistics")
+    model = model.float().eval()
+    targets = [(name, module) for name, module in model.bert.encoder.named_modules()
+               if isinstance(module, nn.Linear) and not any(name.endswith(k) for k in keep)]
+    for name, linear in targets:
+        s = smoothing(stats[name], linear.weight, alpha) if scheme.endswith("smooth") else None
+        if scheme.startswith("per-token"):
+            replacement: nn.Module = Int8Linear(linear, s)
+        else:
+            replacement = _torch_dynamic(linear, per_channel=scheme != "torch-dynamic", smoothing=s)
+        parent_name, _, attribute = name.rpartition(".")
+        setattr(model.bert.encoder.get_submodule(parent_name), attribute, replacement)
+    return model
+
+
+def _torch_dynamic(linear: nn.Linear, per_channel: bool, smoothing: torch.Tensor | None) -> nn.Module:
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
+
+    float_linear = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    float_linear.weight.copy_(linear.weight * (1 if smoothing is None else smoothing[None, :]))
+    if linear.bias is not None:
+        float_linear.bias.copy_(linear.bias)
+    float_linear.qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
+    quantized = DynamicLinear.from_float(float_linear)
+    return quantized if smoothing is None else nn.Sequential(InputScale(1.0 / smoothing), quantized)
