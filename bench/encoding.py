@@ -42,13 +42,13 @@ def best_ms(function, repeats: int = 20) -> float:
 def in_process(checkpoint: Path, texts: list[str]) -> list[dict]:
     from model import load_checkpoint
     from model.device import pick_device
-    from service.engine import Engine
-    from service.runtime import pick_dtype
+    from service.precision import choose
+    from service.runtime import build_engine
     from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)
     device = pick_device("auto")
-    engine = Engine(ckpt.model, device, pick_dtype("auto", device))
+    engine = build_engine(ckpt, device, choose("auto", device))
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
     items = [EncodeItem(e.ids, e.type_ids, pooling="none") for e in encoded]
     results = engine.run(engine.collate(items))

@@ -168,13 +168,13 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
     """
     from model import load_checkpoint
     from model.device import pick_device
-    from service.engine import Engine
-    from service.runtime import pick_dtype
+    from service.precision import choose
+    from service.runtime import build_engine
     from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)
     device = pick_device("auto")
-    engine = Engine(ckpt.model, device, pick_dtype("auto", device))
+    engine = build_engine(ckpt, device, choose("auto", device))
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
     items = sorted((EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded), key=len)
     # One forward pass of one input (the floor for latency at concurrency 1), over inputs of every length.

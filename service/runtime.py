@@ -24,6 +24,7 @@ from service.errors import ServiceError
 from service.frontdoor import FrontDoor
 from service.inputs import Limits
 from service.metrics import Metrics
+from service.precision import Precision, PrecisionError, choose, prepare_model
 from service.settings import Settings
 
 log = logging.getLogger("service")
@@ -66,12 +67,9 @@ class RequestCounts:
     answered: int = 0  # ... and whose response was sent in full
 
 
-def pick_dtype(choice: str, device: torch.device) -> torch.dtype:
-    if choice != "auto":
-        return getattr(torch, choice)
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+def build_engine(checkpoint: Checkpoint, device: torch.device, precision: Precision, engine_factory=Engine) -> Engine:
+    """The engine for `checkpoint` on `device` in `precision` (int8 quantizes, after calibration)."""
+    return engine_factory(prepare_model(checkpoint.model, precision, checkpoint.tokenizer), device, precision.dtype)
 
 
 def plan_compute(concurrent_batches: int, device: torch.device) -> int:
@@ -95,6 +93,7 @@ class Runtime:
         self.engine: Engine | None = None
         self.batcher: Batcher | None = None
         self.frontdoor: FrontDoor | None = None
+        self.precision = None
         self._stopped = threading.Event()
 
     @property
@@ -107,12 +106,13 @@ class Runtime:
         s = self.settings
         try:
             device = pick_device(s.device)
-        except ValueError as exc:
+            precision = choose(s.dtype, device)
+        except (ValueError, PrecisionError) as exc:
             raise RuntimeError(str(exc)) from None
-        dtype = pick_dtype(s.dtype, device)
         checkpoint = load_checkpoint(s.checkpoint, device="cpu")
-        engine = self.engine_factory(checkpoint.model, device, dtype)
         tokenizer = checkpoint.tokenizer
+        engine = build_engine(checkpoint, device, precision, self.engine_factory)
+        self.precision = precision
         if s.max_batch_tokens < tokenizer.model_max_length:
             raise ValueError(f"max_batch_tokens ({s.max_batch_tokens}) is below the model's maximum input length "
                              f"({tokenizer.model_max_length}); a long input could never be scheduled")
@@ -128,7 +128,7 @@ class Runtime:
         self.frontdoor = FrontDoor(tokenizer, batcher, limits, self.metrics, s.queue_timeout_s,
                                    engine.has_mlm_head, engine.has_nsp_head)
         self.lifecycle.ready()
-        log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, str(dtype).removeprefix("torch."),
+        log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, precision.name,
                  time.perf_counter() - started)
 
     def ready_frontdoor(self) -> FrontDoor:
@@ -151,7 +151,7 @@ class Runtime:
             "config": checkpoint.config.to_dict() if checkpoint else None,
             "heads": {"mlm": bool(engine and engine.has_mlm_head), "nsp": bool(engine and engine.has_nsp_head)},
             "device": str(engine.device) if engine else None,
-            "dtype": str(engine.dtype).removeprefix("torch.") if engine else None,
+            "dtype": self.precision.name if self.precision else None,
             "max_input_tokens": checkpoint.tokenizer.model_max_length if checkpoint else None,
             # the pooling of /v1/embeddings and /embed (our /encode takes it per request)
             "pooling": {"mode": checkpoint.pooling.mode, "normalize": checkpoint.pooling.normalize,

@@ -24,9 +24,11 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field("auto", description=(
-        "Weights and activations dtype. auto = bfloat16 on GPUs that support it, else float16 on GPU, float32 on "
-        "CPU. Half precision doubles GPU throughput at ~1e-3 relative error."))
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field("auto", description=(
+        "Number format. auto = float32 on CPU (exact), bfloat16 on GPUs that support it, else float16. On CPU, "
+        "bfloat16 (CPUs with AVX512-BF16 or AMX) and int8 (encoder Linear layers, per-token scales and "
+        "SmoothQuant calibrated at start-up; CPU only) trade a little fidelity for speed: see the README's "
+        "'Choosing a precision on CPU'."))
     max_batch_tokens: int = Field(16384, ge=16, description=(
         "Token budget of one forward pass, counting padding. Larger batches raise throughput until the device "
         "saturates, and raise the latency of every item in them."))

@@ -1,0 +1,68 @@
+"""What number format the served model computes in, decided once at start-up from `--dtype` and the device.
+
+- auto: float32 on CPU (exact), bfloat16 on GPUs that have it, else float16.
+- bfloat16 / float16 / float32: weights and activations in that type.
+- int8 (CPU only): the encoder's Linear layers in int8, per-token activation scales and SmoothQuant
+  (`model.quantize`, scheme and alpha chosen by the fidelity and speed measurements in BENCHMARKS.md),
+  calibrated at start-up on a few sentences shipped with the package; everything else float32.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from model.bert import BertForPreTraining
+from model.device import cpu_has_native_bf16
+from model.quantize import calibrate, quantize
+from model.tokenizer import WordPieceTokenizer
+
+log = logging.getLogger("service")
+INT8_SCHEME = "per-token-smooth"
+INT8_ALPHA = 0.65
+CALIBRATION_TEXT = Path(__file__).with_name("data") / "calibration.txt"
+
+
+class PrecisionError(ValueError):
+    """The asked precision cannot run on this device; the message says what to ask for instead."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # what /info shows
+    dtype: torch.dtype  # of weights and activations outside int8 layers
+
+    @property
+    def is_int8(self) -> bool:
+        return self.name.startswith("int8")
+
+
+def choose(choice: str, device: torch.device) -> Precision:
+    if choice == "int8":
+        if device.type != "cpu":
+            raise PrecisionError("--dtype int8 runs on CPU only (its int8 kernels are CPU ones); on a GPU use "
+                                 "--dtype auto (bfloat16) or float16")
+        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers)", torch.float32)
+    if choice == "auto":
+        if device.type != "cuda":
+            return Precision("float32", torch.float32)
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return Precision(str(dtype).removeprefix("torch."), dtype)
+    if choice == "bfloat16" and device.type == "cpu" and not cpu_has_native_bf16():
+        log.warning("--dtype bfloat16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); it will be emulated "
+                    "and slower than float32")
+    return Precision(choice, getattr(torch, choice))
+
+
+def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: WordPieceTokenizer) -> BertForPreTraining:
+    """The model as it will be served: quantized for int8 (after calibration), else unchanged."""
+    if not precision.is_int8:
+        return model
+    sentences = [line for line in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if line.strip()]
+    batches = [(torch.tensor([e.ids]), torch.tensor([e.type_ids])) for e in tokenizer.encode_batch(sentences, truncate=True)]
+    model = model.float().eval()
+    stats = calibrate(model, batches)
+    return quantize(model, INT8_SCHEME, stats, alpha=INT8_ALPHA)

@@ -1,0 +1,54 @@
+"""CPU precisions as users meet them: int8 and bfloat16 serve every route close to float32, int8 keeps batched
+equal to single, /info says what runs, and what cannot run is refused at start-up with a clear message."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from service.precision import PrecisionError, choose
+from tests.service.conftest import serving
+
+pytestmark = pytest.mark.anyio
+TEXTS = ["a crane is flying over the river", "the storm moved north .", "short"]
+
+
+async def pooled(client, texts):
+    response = await client.post("/encode", json={"inputs": texts, "pooling": "mean", "normalize": True})
+    assert response.status_code == 200, response.text
+    return np.array([r["embedding"] for r in response.json()["results"]])
+
+
+@pytest.mark.parametrize("dtype, floor", [("int8", 0.99), ("bfloat16", 0.999)])
+async def test_cpu_precisions_stay_close_to_float32(tiny_checkpoint, dtype, floor):
+    async with serving(tiny_checkpoint) as client:
+        want = await pooled(client, TEXTS)
+        fill_want = (await client.post("/fill-mask", json={"inputs": "the [MASK] flows", "top_k": 3})).json()
+    async with serving(tiny_checkpoint, dtype=dtype) as client:
+        got = await pooled(client, TEXTS)
+        info = (await client.get("/info")).json()
+        fill = await client.post("/fill-mask", json={"inputs": "the [MASK] flows", "top_k": 3})
+        nsp = await client.post("/nsp", json={"inputs": ["a b", "c d"]})
+    assert (got * want).sum(1).min() > floor
+    assert info["dtype"].startswith(dtype) and info["device"] == "cpu"
+    assert fill.status_code == nsp.status_code == 200
+    top = fill.json()["results"][0]["masks"][0]["predictions"][0]
+    assert abs(top["score"] - fill_want["results"][0]["masks"][0]["predictions"][0]["score"]) < 0.05
+
+
+async def test_int8_batched_equals_single(tiny_checkpoint):
+    """Per-token activation scales: an input's int8 result does not depend on what shares its batch."""
+    async with serving(tiny_checkpoint, dtype="int8", max_wait_ms=20) as client:
+        together = await asyncio.gather(*(pooled(client, [t]) for t in TEXTS * 4))
+        alone = [await pooled(client, [t]) for t in TEXTS * 4]
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_int8_on_a_gpu_is_refused_with_a_clear_message():
+    with pytest.raises(PrecisionError, match="int8 runs on CPU only"):
+        choose("int8", torch.device("cuda"))
+    assert choose("auto", torch.device("cpu")).dtype == torch.float32  # auto stays exact on CPU
