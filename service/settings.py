@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(16384, ge=16, description=(
         "Token budget of one forward pass, counting padding. Larger batches raise throughput until the device "
         "saturates, and raise the latency of every item in them."))
+    cpu_batch_tokens: int = Field(1024, ge=0, description=(
+        "On CPU, the most tokens in one batch (within max_batch_tokens). Past a model- and CPU-dependent size, "
+        "bigger batches are slower per sequence on a CPU (their activations leave the caches); the default is the "
+        "best of the sweep in BENCHMARKS.md for both benchmark models. 0 = measure it at start-up (a few seconds "
+        "more). Ignored on GPU."))
     max_batch_size: int = Field(64, ge=1, description=(
         "Most sequences in one forward pass; 1 turns batching off (the benchmark baseline)."))
     max_wait_ms: float = Field(0.0, ge=0, description=(

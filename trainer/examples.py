@@ -133,7 +133,7 @@ class TrainingPairs:
         sizes = np.asarray([len(s) - 1 for s in self.starts], dtype=np.float64)
         shares = sizes if weights is None else np.asarray(weights, dtype=np.float64)
         self.probabilities = shares / shares.sum()
-        self._orders: dict[tuple[int, int], np.ndarray] = {}
+        self._orders: dict[int, tuple[int, np.ndarray]] = {}
 
     @property
     def total_tokens(self) -> int:
@@ -143,10 +143,12 @@ class TrainingPairs:
         return [[0, 0] for _ in self.sources]
 
     def _order(self, source: int, epoch: int) -> np.ndarray:
-        key = (source, epoch)
-        if key not in self._orders:
-            self._orders = {key: np.random.default_rng([self.seed, source, epoch]).permutation(len(self.starts[source]) - 1)}
-        return self._orders[key]
+        """Source `source`'s chunk order in pass `epoch` (only each source's current pass is kept)."""
+        cached = self._orders.get(source)
+        if cached is None or cached[0] != epoch:
+            order = np.random.default_rng([self.seed, source, epoch]).permutation(len(self.starts[source]) - 1)
+            self._orders[source] = cached = (epoch, order)
+        return cached[1]
 
     def batch(self, step: int, size: int, cursors: list[list[int]]) -> list[PairExample]:
         """The `size` pairs of optimizer step `step`; advances `cursors` in place."""

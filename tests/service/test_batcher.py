@@ -100,3 +100,25 @@ def test_compute_threads_run_at_the_asked_niceness():
         assert os_names == {"bert-runner-0", "bert-runner-1"}
     finally:
         b.stop()
+
+
+def test_cpu_batch_size_is_the_largest_within_reach_of_the_fastest(monkeypatch):
+    """`--cpu-batch-tokens 0`: a measured curve whose time per token is lowest at 1024 tokens and rises past it
+    (on a simulated clock, so the test does not depend on this machine's load)."""
+    import service.batch_size
+    from service.batch_size import measure_batch_tokens
+
+    per_token_s = {256: 20e-6, 512: 12e-6, 1024: 10e-6, 2048: 10.5e-6, 4096: 15e-6}
+    clock = [0.0]
+    monkeypatch.setattr(service.batch_size.time, "perf_counter", lambda: clock[0])
+
+    class CurveEngine:
+        def collate(self, items):
+            return sum(len(i) for i in items)
+
+        def run(self, tokens):
+            clock[0] += per_token_s[tokens] * tokens
+
+    assert measure_batch_tokens(CurveEngine(), 7, 2, 3, ceiling=16384) == 2048  # within 10% of 1024's time
+    assert measure_batch_tokens(CurveEngine(), 7, 2, 3, ceiling=16384, tolerance=0.01) == 1024
+    assert measure_batch_tokens(CurveEngine(), 7, 2, 3, ceiling=600) == 512  # never past the ceiling
