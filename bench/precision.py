@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.onnx_export import export_onnx, quantize_onnx
 from devkit.paths import REPO_ROOT, WIKITEXT_DIR, WIKITEXT_TEST
 
 
@@ -109,30 +110,16 @@ def transformers_reference(checkpoint_dir: Path) -> Variant:
     return Variant("transformers float32 (reference)", embed, padded)
 
 
-def onnx_runtime(checkpoint_dir: Path, work: Path, quantized: str | None) -> Variant:
-    """ONNX Runtime on the same model: exported from transformers, optionally `quantize_dynamic`-ed (int8)."""
+def onnx_runtime(checkpoint_dir: Path, work: Path, quantized: str | None, parallel: int) -> Variant:
+    """ONNX Runtime on the same model: exported from transformers, optionally `quantize_dynamic`-ed (int8).
+    Each of the `parallel` sessions' runs gets its share of the cores, as our batches do."""
     import onnxruntime
-    import transformers
 
-    model_path = work / "model.onnx"
-    if not model_path.is_file():
-        model = transformers.BertModel.from_pretrained(checkpoint_dir, add_pooling_layer=False).eval()
-        example = padded([[101, 2023, 102]])
-        torch.onnx.export(model, (example[0], example[1]), str(model_path), input_names=["input_ids", "attention_mask"],
-                          output_names=["last_hidden_state"], dynamo=False, opset_version=17,
-                          dynamic_axes={"input_ids": {0: "batch", 1: "sequence"},
-                                        "attention_mask": {0: "batch", 1: "sequence"},
-                                        "last_hidden_state": {0: "batch", 1: "sequence"}})
-    path = model_path
+    path = export_onnx(checkpoint_dir, work)
     if quantized is not None:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        path = work / f"model-int8-{quantized}.onnx"
-        if not path.is_file():
-            quantize_dynamic(str(model_path), str(path), weight_type=QuantType.QInt8,
-                             per_channel=quantized == "per-channel")
+        path = quantize_onnx(path, per_channel=quantized == "per-channel")
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
+    options.intra_op_num_threads = max(1, torch.get_num_threads() // parallel)
     options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
@@ -235,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                   ("torch-dynamic-smooth", 0.8, ()), ("per-token", 0.5, ()), ("per-token-smooth", 0.5, ()),
                   ("per-token-smooth", 0.65, ()), ("per-token-smooth", 0.8, ())]
     variants += [lambda s=s, a=a, k=k: ours(checkpoint, "float32", s, a, k) for s, a, k in int8_tried]
-    variants += [lambda q=q: onnx_runtime(checkpoint, work, q) for q in (None, "per-tensor", "per-channel")]
+    variants += [lambda q=q: onnx_runtime(checkpoint, work, q, args.parallel) for q in (None, "per-tensor", "per-channel")]
 
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; {checkpoint.name if hasattr(checkpoint, 'name') else checkpoint}: "
           f"{len(texts)} held-out sentences of wiki.test, batch {args.batch}, {args.parallel} batches in parallel")

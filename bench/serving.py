@@ -19,8 +19,10 @@ import os
 import platform
 import random
 import re
+import shlex
 import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -236,22 +238,32 @@ def _whole_passes(engine, batches: list, parallel: int, budget_s: float) -> tupl
     return time.perf_counter() - started, passes
 
 
-def server_command(system: str, checkpoint: Path, port: int, infinity: str | None) -> list[str]:
-    """The command that serves `checkpoint` on `port` as `system` (NAME or NAME:OPTION)."""
+def server_command(system: str, checkpoint: Path, port: int, infinity: str | None, work: Path):
+    """(the command that serves `checkpoint` on `port` as `system` (NAME or NAME:OPTION), how to ask it)."""
     name, _, option = system.partition(":")
     gpu = torch.cuda.is_available()
     if name in ("service", "service-nobatch"):
         command = [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port)]
         command += ["--dtype", option] if option else []
-        return command + (["--max-batch-size", "1"] if name == "service-nobatch" else [])
+        return command + (["--max-batch-size", "1"] if name == "service-nobatch" else []), encode_request
     if name == "naive":
-        return [sys.executable, "-m", "bench.naive_peer", str(checkpoint), str(port)]
+        return [sys.executable, "-m", "bench.naive_peer", str(checkpoint), str(port)], encode_request
     if name == "infinity":
         if not infinity:
             raise SystemExit("the infinity rows need --infinity PATH (the infinity_emb command)")
         engine, _, dtype = (option or ("torch-float16" if gpu else "torch-float32")).partition("-")
-        return [infinity, "v2", "--model-id", str(checkpoint.resolve()), "--host", "127.0.0.1", "--port", str(port),
-                "--engine", engine, "--device", "cuda" if gpu else "cpu", "--dtype", dtype or "auto"]
+        command = [infinity, "v2", "--model-id", str(checkpoint.resolve()), "--host", "127.0.0.1", "--port",
+                   str(port), "--engine", engine, "--device", "cuda" if gpu else "cpu", "--dtype", dtype or "auto"]
+        if engine != "optimum":
+            return command, infinity_request(str(checkpoint.resolve()))
+        # ONNX Runtime: Infinity looks for .onnx files in the model directory (on CPU preferring a
+        # *quantize*d one). Infinity 0.0.78 with optimum 2 finds a local model's file only when the
+        # model id is "." (it passes the found path on, and optimum wants it relative to the directory).
+        from bench.onnx_export import infinity_onnx_dir
+
+        directory = infinity_onnx_dir(checkpoint, work, int8=dtype == "int8")
+        command[command.index("--model-id") + 1], command[-1] = ".", "auto"
+        return ["sh", "-c", f"cd {shlex.quote(str(directory))} && exec {shlex.join(command)}"], infinity_request(".")
     raise SystemExit(f"unknown system {system!r}")
 
 
@@ -293,16 +305,16 @@ def main(argv=None) -> int:
     unbatched = max(rate for (batch_size, _), rate in sweep.items() if batch_size == 1)
     print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
     rows = [limit]
-    requests = {"infinity": infinity_request(str(args.checkpoint.resolve()))}
+    work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     for system in args.systems:
         port = free_port()
-        command = server_command(system, args.checkpoint, port, args.infinity)
+        command, request = server_command(system, args.checkpoint, port, args.infinity, work)
         url = f"http://127.0.0.1:{port}"
         process = start(command, url)
         try:
             for concurrency in args.concurrency:
                 row = measure_http(system, url, texts, concurrency, args.duration, token_counts,
-                                   requests.get(system.split(":")[0], encode_request), args.inputs_per_request)
+                                   request, args.inputs_per_request)
                 row.vs_limit = row.sequences_per_s / limit.sequences_per_s
                 rows.append(row)
                 print(f"  {system:16s} c={concurrency:<4d} {row.sequences_per_s:8.1f} seq/s  p50 {row.p50_ms:7.1f} ms",

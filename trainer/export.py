@@ -58,10 +58,9 @@ users call `/fill-mask`.
 
 ## Limits
 
-A 4-layer model trained for hours on 2 CPU cores: it knows common English and frequent facts of the
-encyclopedia, not rare ones; it is lower-cased; it saw sequences of at most {seq_len} tokens (it has 512
-positions). Use it to try the service and for light work; serve a larger checkpoint (`--checkpoint`) where
-quality matters.
+A {layers}-layer model trained for {minutes:.0f} minutes on {device}. {knowledge} It is lower-cased; it saw
+sequences of at most {seq_len} tokens (it has 512 positions). Use it to try the service; serve a larger
+checkpoint (`--checkpoint`) where quality matters.
 
 ## Attribution
 
@@ -151,8 +150,23 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
         masked=evaluation.get("masked_tokens", 0), word_accuracy=evaluation.get("whole_word_accuracy", nan),
         word_constant=word_constant, word_ratio=evaluation.get("whole_word_vs_constant", nan),
         word_sentences=evaluation.get("whole_word_sentences", 0), examples=fill_mask_examples(checkpoint),
-        attribution=attribution,
+        attribution=attribution, knowledge=what_it_knows(evaluation),
     )
+
+
+def what_it_knows(evaluation: dict) -> str:
+    """One honest sentence on what the measured figures say the model can do."""
+    ratio = evaluation.get("whole_word_vs_constant")
+    if ratio is None:
+        return "Its whole-word fill-mask accuracy was not measured."
+    if ratio < 1.0:
+        return ("Its whole-word guesses are right less often than always answering the most frequent word: it has "
+                "learned which words are frequent and the gist of a passage (next-sentence scores), but hardly yet "
+                "to read a word's context, so fill-mask answers are mostly frequent words.")
+    if ratio < 2.0:
+        return ("Its whole-word guesses beat a constant guess, but not by much: it reads some context (word class, "
+                "frequent collocations), and knows few facts.")
+    return "It reads context well enough to fill in common words and frequent facts of its text, not rare ones."
 
 
 @torch.inference_mode()
