@@ -91,7 +91,7 @@ def _own_cpu_s() -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikitext2")
+    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--inputs-per-request", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0)

@@ -90,7 +90,7 @@ def in_process(checkpoint: Path, texts: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikitext2")
+    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--batch", type=int, default=32, help="inputs in the in-process response")

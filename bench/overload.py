@@ -4,7 +4,7 @@ Every request must be answered (200; 429 with Retry-After; 503 past a queue dead
 or get another 5xx, memory must stay bounded (peak RSS of the server), accepted requests must keep a
 bounded p99, and single-request latency must be back to normal within seconds after the burst.
 
-    python -m bench.overload --checkpoint checkpoints/mini-wikitext2 --seconds 30 --factor 10
+    python -m bench.overload --checkpoint checkpoints/mini-wikipedia --seconds 30 --factor 10
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def measure(checkpoint: Path, seconds: float, factor: float, server_flags: list[
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikitext2")
+    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--factor", type=float, default=10.0, help="offered load as a multiple of capacity")
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],

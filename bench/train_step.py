@@ -1,6 +1,7 @@
 """One training step, ours vs transformers: forward + backward + AdamW on the same batch and weights,
-interleaved so that load drift hits both alike. The quick check behind the changes in BENCHMARKS.md;
-`bench.training` is the full 10-minute comparison.
+interleaved so that load drift hits both alike, in float32 and (where the CPU has native bf16) under
+bfloat16 autocast with float32 master weights, as the trainer's --precision runs it. The quick check
+behind the changes in BENCHMARKS.md; `bench.training` is the full 10-minute comparison.
 
     python -m bench.train_step --preset mini --batch 32 --seq-len 128 --rounds 3
 """
@@ -8,6 +9,7 @@ interleaved so that load drift hits both alike. The quick check behind the chang
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 
 from bench.train_peer import IGNORED, transformers_twin
 from model import BertConfig, BertForPreTraining
+from model.device import cpu_has_native_bf16
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round and system")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time both under bfloat16 autocast (CPUs with native bf16 only)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -48,22 +53,33 @@ def main(argv: list[str] | None = None) -> None:
         return peer(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
                     next_sentence_label=nsp_labels).loss
 
-    systems = {"ours": (ours, our_loss), "transformers": (peer, peer_loss)}
-    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, (model, _) in systems.items()}
-    print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    precisions = ["float32"] + (["bfloat16"] if args.bf16 and cpu_has_native_bf16() else [])
+    systems = {(name, precision): (model, loss_fn) for precision in precisions
+               for name, (model, loss_fn) in {"ours": (ours, our_loss), "transformers": (peer, peer_loss)}.items()}
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in
+                  {"ours": ours, "transformers": peer}.items()}
+    print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+          f", precisions {', '.join(precisions)}")
     for round_index in range(args.rounds):
         times = {}
-        for name, (_, loss_fn) in systems.items():
+        for (name, precision), (_, loss_fn) in systems.items():
             optimizer = optimizers[name]
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bfloat16" else \
+                contextlib.nullcontext()
             for step in range(args.steps + 2):  # two untimed warm-up steps
                 if step == 2:
                     started = time.perf_counter()
-                loss_fn().backward()
+                with autocast:
+                    loss = loss_fn()
+                loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            times[name] = (time.perf_counter() - started) / args.steps
-        print(f"round {round_index + 1}: ours {times['ours'] * 1000:.1f} ms/step, transformers "
-              f"{times['transformers'] * 1000:.1f} ms/step, ratio {times['transformers'] / times['ours']:.2f}x")
+            times[name, precision] = (time.perf_counter() - started) / args.steps
+        line = ", ".join(f"{name} {precision} {seconds * 1000:.1f} ms" for (name, precision), seconds in times.items())
+        best = {name: min(s for (n, _), s in times.items() if n == name) for name in ("ours", "transformers")}
+        print(f"round {round_index + 1}: {line}; best vs best {best['transformers'] / best['ours']:.2f}x"
+              + "".join(f"; {name} bf16 vs float32 {times[name, 'float32'] / times[name, 'bfloat16']:.2f}x"
+                        for name in ("ours", "transformers") if (name, "bfloat16") in times))
 
 
 if __name__ == "__main__":

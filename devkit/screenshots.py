@@ -10,13 +10,14 @@ import sys
 from devkit.browser import offline_page, unavailable_reason
 from devkit.paths import REPO_ROOT
 from devkit.server import start_service
+from service.settings import DEFAULT_CHECKPOINT
 
 
 def main() -> int:
     if unavailable_reason():
         print(unavailable_reason(), file=sys.stderr)
         return 1
-    process, url = start_service(REPO_ROOT / "checkpoints" / "mini-wikitext2")
+    process, url = start_service(DEFAULT_CHECKPOINT)
     try:
         with offline_page(width=900, height=1000) as page:
             page.goto(url + "/")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
@@ -26,10 +27,13 @@ def test_model_card_reports_the_measured_metrics_and_attribution():
     metadata = json.loads((DEFAULT_CHECKPOINT / "training_metadata.json").read_text())
     card = (DEFAULT_CHECKPOINT / "README.md").read_text()
     evaluation = metadata["eval"]
-    assert f"| masked-token accuracy | {evaluation['mlm_accuracy']:.1%} |" in card
+    assert f"| masked-token accuracy (15% of tokens masked) | {evaluation['mlm_accuracy']:.1%} |" in card
     assert f"| next-sentence accuracy | {evaluation['nsp_accuracy']:.1%} |" in card
-    assert "wiki.valid.tokens" in metadata["data"]["train"] and "wiki.test.tokens" in metadata["data"]["eval"]
-    assert "Creative Commons Attribution-ShareAlike" in card and "python -m trainer" in card
+    assert f"| whole-word fill-mask accuracy, top-1 | {evaluation['whole_word_accuracy']:.1%} |" in card
+    trained_on = [Path(source["path"]).name for source in metadata["data"]["train"]]
+    assert trained_on and all(name.startswith(("enwiki-", "brown", "austen")) for name in trained_on)
+    assert Path(metadata["data"]["eval"]).name == "wiki.test.tokens"  # held out: no training file contains it
+    assert "CC BY-SA 3.0" in card and "Wikipedia contributors" in card and "python -m trainer" in card
 
 
 def test_readme_states_the_bundled_models_measured_accuracy():

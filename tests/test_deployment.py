@@ -44,8 +44,8 @@ def test_api_service_serves_on_the_gpu_with_health_and_volumes():
     assert {"checkpoints:/checkpoints", "cache:/cache"} <= set(api["volumes"])
     assert set(COMPOSE["volumes"]) == {"checkpoints", "cache"}
     # One environment variable points the API at a trained checkpoint; the default is the bundled model.
-    assert api["environment"]["BERT_CHECKPOINT"] == "${BERT_CHECKPOINT:-/app/checkpoints/mini-wikitext2}"
-    assert (REPO_ROOT / "checkpoints" / "mini-wikitext2").is_dir()
+    assert api["environment"]["BERT_CHECKPOINT"] == "${BERT_CHECKPOINT:-/app/checkpoints/mini-wikipedia}"
+    assert (REPO_ROOT / "checkpoints" / "mini-wikipedia").is_dir()
     # A plain `docker compose up` starts the single API (and nothing else): .env enables its profile.
     assert api["profiles"] == ["serve"] and "COMPOSE_PROFILES=serve" in (REPO_ROOT / ".env").read_text()
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def burst_result():
-    result = overload.measure(REPO_ROOT / "checkpoints/mini-wikitext2", seconds=30, factor=10,
+    result = overload.measure(REPO_ROOT / "checkpoints/mini-wikipedia", seconds=30, factor=10,
                               server_flags=["--max-queue-items", "256"])
     print(result)
     return result
