@@ -51,6 +51,15 @@ def calibration_sentences() -> list[str]:
     return [s for d in read_documents(WIKITEXT_DIR / "wiki.valid.tokens") for s in d.sentences][:256]
 
 
+def quantized(model, tokenizer, scheme: str, alpha: float, keep=()):
+    """`model` quantized with `scheme` after calibration on held-out validation sentences."""
+    from model.quantize import calibrate, quantize
+
+    stats = calibrate(model, [(torch.tensor([e.ids]), torch.tensor([e.type_ids]))
+                              for e in tokenizer.encode_batch(calibration_sentences(), truncate=True)])
+    return quantize(model, scheme, stats, alpha=alpha, keep=keep)
+
+
 def padded(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(map(len, ids))
     input_ids = torch.zeros(len(ids), width, dtype=torch.long)
@@ -65,16 +74,12 @@ def ours(checkpoint_dir: Path, dtype: str, scheme: str | None = None, alpha: flo
     """Our engine's path: packed batches through BertForPreTraining in the given precision."""
     from model.checkpoint import load_checkpoint
     from model.packing import Packing
-    from model.quantize import calibrate, quantize
 
     checkpoint = load_checkpoint(checkpoint_dir)
     model = checkpoint.model.eval()
     name = f"ours {dtype}"
     if scheme is not None:
-        tokenizer = checkpoint.tokenizer
-        stats = calibrate(model, [(torch.tensor([e.ids]), torch.tensor([e.type_ids]))
-                                  for e in tokenizer.encode_batch(calibration_sentences(), truncate=True)])
-        model = quantize(model, scheme, stats, alpha=alpha, keep=keep)
+        model = quantized(model, checkpoint.tokenizer, scheme, alpha, keep)
         name = f"ours int8 {scheme}" + (f" a={alpha}" if scheme.endswith("smooth") else "") + \
             (f" keep {','.join(keep)}" if keep else "")
     else:
@@ -163,16 +168,13 @@ def speed(variant: Variant, batches: list, parallel: int, seconds: float) -> flo
 def fill_mask_fidelity(checkpoint_dir: Path, dtype: str, scheme: str | None, alpha: float, sentences: list[str]):
     """(top-1 agreement with float32, largest |p_top1 - p_top1 float32|) for one masked word per sentence."""
     from model.checkpoint import load_checkpoint
-    from model.quantize import calibrate, quantize
 
     reference = load_checkpoint(checkpoint_dir).model.eval()
     checkpoint = load_checkpoint(checkpoint_dir)
     tokenizer = checkpoint.tokenizer
     model = checkpoint.model.eval()
     if scheme is not None:
-        stats = calibrate(model, [(torch.tensor([e.ids]), torch.tensor([e.type_ids]))
-                                  for e in tokenizer.encode_batch(calibration_sentences(), truncate=True)])
-        model = quantize(model, scheme, stats, alpha=alpha)
+        model = quantized(model, tokenizer, scheme, alpha)
     else:
         model = model.to(getattr(torch, dtype))
     rng = random.Random(1)

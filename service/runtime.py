@@ -95,7 +95,6 @@ class Runtime:
         self.batcher: Batcher | None = None
         self.frontdoor: FrontDoor | None = None
         self.precision = None
-        self.batch_tokens: int | None = None  # the token budget in force (measured on CPU)
         self._stopped = threading.Event()
 
     @property
@@ -126,7 +125,6 @@ class Runtime:
             batch_tokens = min(batch_tokens, s.cpu_batch_tokens or measure_batch_tokens(
                 engine, tokenizer.token_to_id("the") or tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
                 ceiling=s.max_batch_tokens))
-        self.batch_tokens = batch_tokens
         policy = BatchPolicy(batch_tokens, s.max_batch_size, s.max_wait_ms / 1000, s.max_queue_items,
                              s.max_padding_fraction, runners=runners, runner_niceness=s.compute_niceness)
         batcher = Batcher(engine, policy, self.metrics)
@@ -168,7 +166,7 @@ class Runtime:
         training = {k: metadata.get(k) for k in ("eval", "data", "progress", "created", "command") if k in metadata}
         body["training"] = _file_names_only(training)
         body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
-        body["limits"]["batch_tokens_in_force"] = self.batch_tokens
+        body["limits"]["batch_tokens_in_force"] = self.batcher.policy.max_batch_tokens if self.batcher else None
         return body
 
 
