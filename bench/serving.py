@@ -239,12 +239,14 @@ def _whole_passes(engine, batches: list, parallel: int, budget_s: float) -> tupl
 
 
 def server_command(system: str, checkpoint: Path, port: int, infinity: str | None, work: Path):
-    """(the command that serves `checkpoint` on `port` as `system` (NAME or NAME:OPTION), how to ask it)."""
+    """(the command that serves `checkpoint` on `port` as `system` (NAME or NAME:OPTION), how to ask it).
+    The service's OPTION is DTYPE, optionally followed by more of its flags: service:float32:--no-cpu-keep-freed-memory."""
     name, _, option = system.partition(":")
     gpu = torch.cuda.is_available()
     if name in ("service", "service-nobatch"):
         command = [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port)]
-        command += ["--dtype", option] if option else []
+        dtype, *flags = option.split(":") if option else [""]
+        command += (["--dtype", dtype] if dtype else []) + flags
         return command + (["--max-batch-size", "1"] if name == "service-nobatch" else []), encode_request
     if name == "naive":
         return [sys.executable, "-m", "bench.naive_peer", str(checkpoint), str(port)], encode_request

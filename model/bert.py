@@ -60,6 +60,9 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        # One module computing (query | key | value) at once, set by `model.quantize` so that the three
+        # int8 products share one quantization of x; None: the three Linears above.
+        self.fused_qkv: nn.Module | None = None
         self.dropout_prob = config.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, attn_mask: Mask, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,17 +75,23 @@ class BertSelfAttention(nn.Module):
             if keep is not None:
                 raise ValueError("keep is for padded input")
             packing = attn_mask
-            q, k, v = packing.pad(torch.cat((self.query(x), self.key(x), self.value(x)), -1)).chunk(3, -1)
+            qkv = self.fused_qkv(x) if self.fused_qkv is not None else \
+                torch.cat((self.query(x), self.key(x), self.value(x)), -1)
+            q, k, v = packing.pad(qkv).chunk(3, -1)
             return packing.unpad(self._attend(q, k, v, packing.key_mask))
+        if self.fused_qkv is not None:
+            q, k, v = self.fused_qkv(x).chunk(3, -1)
+        else:
+            q, k, v = (None if keep is not None else self.query(x)), self.key(x), self.value(x)
         if keep is None:
-            return self._attend(self.query(x), self.key(x), self.value(x), attn_mask)
+            return self._attend(q, k, v, attn_mask)
         # Kept tokens' queries, left-aligned per sequence in a (B, Q, H) layout (Q = most kept in a row).
         counts = keep.sum(1)
         slots = torch.arange(int(counts.max()), device=x.device)[None, :] < counts[:, None]  # (B, Q)
-        queries = self.query(x[keep])
+        queries = self.query(x[keep]) if q is None else q[keep]
         flat_slots = slots.reshape(-1).nonzero().squeeze(1)
         q = queries.new_zeros(slots.numel(), queries.shape[-1]).index_copy(0, flat_slots, queries)
-        out = self._attend(q.view(*slots.shape, -1), self.key(x), self.value(x), attn_mask)
+        out = self._attend(q.view(*slots.shape, -1), k, v, attn_mask)
         return out.reshape(slots.numel(), -1).index_select(0, flat_slots)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:

@@ -34,3 +34,30 @@ def fast_half_dtype(device: torch.device) -> torch.dtype | None:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if cpu_has_native_bf16() else None
+
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+KEEP_FREED_BYTES = 1 << 30  # free memory below this stays in the process
+MMAP_ABOVE_BYTES = 1 << 25  # 32 MiB, glibc's largest mmap threshold: bigger blocks still get their own mapping
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc reuse freed blocks instead of handing them back to the kernel (Linux only).
+
+    Eager PyTorch on CPU allocates a new output tensor for nearly every op. By default glibc serves
+    blocks of a few hundred KiB and more with a fresh mmap and unmaps them on free, so every such op
+    pays page faults and zero-filling on its whole output, often more than the op itself (a 1024 x 384
+    float32 quantization step: 2 ms with the default, 0.2 ms without; BENCHMARKS.md). Raising the mmap
+    and trim thresholds keeps freed memory for reuse, as jemalloc or tcmalloc would (PyTorch's CPU
+    performance guide recommends those). The cost: the process keeps its peak memory after a burst.
+    Returns whether the setting took (False off glibc)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_ABOVE_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
+    except (OSError, AttributeError):  # not glibc
+        return False

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from model.bert import BertForPreTraining
+from model.bert import BertForPreTraining, BertSelfAttention
 
 SCHEMES = ("torch-dynamic", "torch-dynamic-per-channel", "torch-dynamic-smooth", "per-token", "per-token-smooth")
 
@@ -36,27 +36,48 @@ SCHEMES = ("torch-dynamic", "torch-dynamic-per-channel", "torch-dynamic-smooth",
 class Int8Linear(nn.Module):
     """y = x W^T + b with W int8 (one scale per output channel) and x quantized per row to int8 on the fly;
     the product runs in integers (`torch._int_mm`, int32 accumulation). With `smoothing` s, computes
-    (x / s)(W s)^T: the same function, easier to quantize."""
+    (x / s)(W s)^T: the same function, easier to quantize. x may be float32 or bfloat16; y has x's type,
+    quantization and dequantization run in float32 (mixed-type elementwise ops take slow paths on CPU).
 
-    def __init__(self, linear: nn.Linear, smoothing: torch.Tensor | None = None):
+    The float constants (scales, bias) are plain attributes, not buffers, so that casting the model to
+    bfloat16 for the layers around this one leaves them exact; int8 runs on CPU only, so no device move
+    needs to reach them."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smoothing: torch.Tensor | None = None):
         super().__init__()
-        weight = linear.weight.detach().float()
+        weight = weight.detach().float()
         if smoothing is not None:
             weight = weight * smoothing[None, :]
         scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (out,)
         self.register_buffer("weight_t", torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous())
-        self.register_buffer("weight_scale", scale)
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
-        self.register_buffer("input_scale", None if smoothing is None else 1.0 / smoothing.float())
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight_scale = scale
+        self.bias = None if bias is None else bias.detach().float().clone()
+        self.input_scale = None if smoothing is None else 1.0 / smoothing.float()
+        self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, smoothing: torch.Tensor | None = None) -> Int8Linear:
+        return cls(linear.weight, linear.bias, smoothing)
+
+    @classmethod
+    def fused(cls, linears: list[nn.Linear], smoothing: torch.Tensor | None = None) -> Int8Linear:
+        """One layer computing the concatenation of `linears`' outputs (which share their input), so that
+        input is quantized once."""
+        biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
+        return cls(torch.cat([lin.weight for lin in linears]), torch.cat(biases), smoothing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1]).float()
-        if self.input_scale is not None:
+        shape, dtype = x.shape, x.dtype
+        x = x.reshape(-1, shape[-1])
+        # A float32 copy of x (smoothed), quantized in place from here on.
+        if self.input_scale is None:
+            x = x.to(torch.float32, copy=True)
+        elif dtype == torch.float32:
             x = x * self.input_scale
-        x_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8).div_(127.0)  # (rows, 1)
-        x_int8 = (x / x_scale).round_().to(torch.int8)
+        else:
+            x = x.float().mul_(self.input_scale)
+        x_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8).div_(127.0)
+        x_int8 = x.div_(x_scale).round_().to(torch.int8)
         rows = x_int8.shape[0]
         if rows <= 16:  # _int_mm wants more than 16 rows; zero rows cost nothing to drop
             x_int8 = torch.cat([x_int8, x_int8.new_zeros(17 - rows, x_int8.shape[1])])
@@ -64,7 +85,7 @@ class Int8Linear(nn.Module):
         out = torch._int_mm(x_int8, self.weight_t)[:rows].float().mul_(x_scale).mul_(self.weight_scale)
         if self.bias is not None:
             out.add_(self.bias)
-        return out.reshape(*shape[:-1], self.out_features)
+        return out.to(dtype).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         smooth = ", smoothed" if self.input_scale is not None else ""
@@ -117,18 +138,35 @@ def smoothing(activation_max: torch.Tensor, weight: torch.Tensor, alpha: float) 
 def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tensor] | None = None,
              alpha: float = 0.5, keep: tuple[str, ...] = ()) -> BertForPreTraining:
     """Replace the encoder's Linear layers by int8 ones, in place (the heads stay float). `keep`: name
-    suffixes of Linears left in float (e.g. "output.dense"). Smoothing schemes need `stats`."""
+    suffixes of Linears left in float (e.g. "output.dense"). Smoothing schemes need `stats`. The
+    per-token schemes fuse each layer's query, key and value into one int8 product (one quantization of
+    their shared input, one smoothing vector for the three weights)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown int8 scheme {scheme!r}; choose one of {SCHEMES}")
-    if scheme.endswith("smooth") and stats is None:
+    smooth = scheme.endswith("smooth")
+    if smooth and stats is None:
         raise ValueError(f"scheme {scheme} needs calibration statistics")
     model = model.float().eval()
+
+    def kept(name: str) -> bool:
+        return any(name.endswith(k) for k in keep)
+
+    if scheme.startswith("per-token"):
+        for name, attention in model.bert.encoder.named_modules():
+            if not isinstance(attention, BertSelfAttention) or attention.fused_qkv is not None:
+                continue
+            if any(kept(f"{name}.{part}") for part in ("query", "key", "value")):
+                continue
+            linears = [attention.query, attention.key, attention.value]
+            s = smoothing(stats[f"{name}.query"], torch.cat([lin.weight for lin in linears]), alpha) if smooth else None
+            attention.fused_qkv = Int8Linear.fused(linears, s)
+            attention.query = attention.key = attention.value = None  # their float weights are not needed
     targets = [(name, module) for name, module in model.bert.encoder.named_modules()
-               if isinstance(module, nn.Linear) and not any(name.endswith(k) for k in keep)]
+               if isinstance(module, nn.Linear) and not kept(name)]
     for name, linear in targets:
-        s = smoothing(stats[name], linear.weight, alpha) if scheme.endswith("smooth") else None
+        s = smoothing(stats[name], linear.weight, alpha) if smooth else None
         if scheme.startswith("per-token"):
-            replacement: nn.Module = Int8Linear(linear, s)
+            replacement: nn.Module = Int8Linear.from_linear(linear, s)
         else:
             replacement = _torch_dynamic(linear, per_channel=scheme != "torch-dynamic", smoothing=s)
         parent_name, _, attribute = name.rpartition(".")

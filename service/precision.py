@@ -4,7 +4,10 @@
 - bfloat16 / float16 / float32: weights and activations in that type.
 - int8 (CPU only): the encoder's Linear layers in int8, per-token activation scales and SmoothQuant
   (`model.quantize`, scheme and alpha chosen by the fidelity and speed measurements in BENCHMARKS.md),
-  calibrated at start-up on a few sentences shipped with the package; everything else float32.
+  calibrated at start-up on a few sentences shipped with the package; everything else (attention,
+  LayerNorm, GELU, embeddings, heads) in bfloat16 where the CPU has native bfloat16, float32 where not.
+  With float32 around them the int8 products left attention and the elementwise work as the larger
+  cost; bfloat16 halves that at bfloat16's fidelity (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ def choose(choice: str, device: torch.device) -> Precision:
         if device.type != "cpu":
             raise PrecisionError("--dtype int8 runs on CPU only (its int8 kernels are CPU ones); on a GPU use "
                                  "--dtype auto (bfloat16) or float16")
-        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers)", torch.float32)
+        around = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; "
+                         f"{str(around).removeprefix('torch.')} elsewhere)", around)
     if choice == "auto":
         if device.type != "cuda":
             return Precision("float32", torch.float32)

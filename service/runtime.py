@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import Checkpoint, load_checkpoint
-from model.device import pick_device
+from model.device import keep_freed_memory, pick_device
 from service.batch_size import measure_batch_tokens
 from service.batcher import Batcher, BatchPolicy
 from service.engine import Engine
@@ -110,6 +110,8 @@ class Runtime:
             precision = choose(s.dtype, device)
         except (ValueError, PrecisionError) as exc:
             raise RuntimeError(str(exc)) from None
+        if device.type == "cpu" and s.cpu_keep_freed_memory and not keep_freed_memory():
+            log.info("cpu_keep_freed_memory: not glibc, left to the system allocator")
         checkpoint = load_checkpoint(s.checkpoint, device="cpu")
         tokenizer = checkpoint.tokenizer
         engine = build_engine(checkpoint, device, precision, self.engine_factory)

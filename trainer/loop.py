@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from model.bert import BertForPreTraining
 from model.checkpoint import load_checkpoint
 from model.config import BertConfig
-from model.device import fast_half_dtype, pick_device
+from model.device import fast_half_dtype, keep_freed_memory, pick_device
 from model.flops import model_flops_per_token
 from trainer.data import PreparedData, prepare
 from trainer.evaluate import build_eval_set, evaluate
@@ -120,6 +120,8 @@ def training_batch(pairs: TrainingPairs, progress: Progress, options: TrainOptio
 
 def train(options: TrainOptions) -> Path:
     placement = _placement(options)
+    if placement.device.type == "cpu":
+        keep_freed_memory()  # every op's output would otherwise cost page faults (model/device.py)
     try:
         return Training(options, placement).run()
     finally:

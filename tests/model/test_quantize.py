@@ -17,12 +17,38 @@ def test_int8_linear_is_close_to_float_and_its_rows_do_not_depend_on_the_batch()
     linear = nn.Linear(64, 96)
     x = torch.randn(40, 64)
     x[:, 3] *= 30  # an outlier channel, as LayerNorm outputs have
-    quantized = Int8Linear(linear)
+    quantized = Int8Linear.from_linear(linear)
     with torch.no_grad():
         want, got = linear(x), quantized(x)
         alone = torch.cat([quantized(x[i : i + 1]) for i in range(len(x))])
     assert torch.equal(got, alone)  # per-token scales: a row's result is the same in any batch
     assert ((got - want).norm() / want.norm()).item() < 0.02
+
+
+def test_fused_int8_linear_equals_its_parts_side_by_side_and_follows_bfloat16_input():
+    torch.manual_seed(2)
+    parts = [nn.Linear(64, 32) for _ in range(3)]
+    x = torch.randn(24, 64)
+    fused = Int8Linear.fused(parts)
+    with torch.no_grad():
+        got = fused(x)
+        # One quantization of x for the three: the same as three layers quantizing the same x.
+        torch.testing.assert_close(got, torch.cat([Int8Linear.from_linear(p)(x) for p in parts], -1))
+        want = torch.cat([p(x) for p in parts], -1)
+        assert ((got - want).norm() / want.norm()).item() < 0.02
+        in_bf16 = fused(x.bfloat16())
+    assert in_bf16.dtype == torch.bfloat16
+    assert ((in_bf16.float() - want).norm() / want.norm()).item() < 0.03
+
+
+def test_casting_a_quantized_model_to_bfloat16_leaves_the_int8_constants_exact():
+    model = quantize(random_model(300), "per-token")
+    layer = model.bert.encoder.layer[0].attention.self.fused_qkv
+    scale = layer.weight_scale.clone()
+    model.to(torch.bfloat16)
+    assert layer.weight_t.dtype == torch.int8 and layer.weight_scale.dtype == torch.float32
+    assert torch.equal(layer.weight_scale, scale)
+    assert model.bert.encoder.layer[0].output.LayerNorm.weight.dtype == torch.bfloat16
 
 
 def test_smoothing_moves_scale_into_the_weights_without_changing_the_function():
@@ -55,6 +81,14 @@ def test_every_scheme_keeps_a_models_embeddings(scheme):
     linears = [m for m in quantized.bert.encoder.modules() if isinstance(m, nn.Linear)]
     assert linears == []  # every encoder Linear was replaced
     assert quantized.cls.predictions.decoder.weight.dtype == torch.float32  # the heads stay float
+    if not scheme.startswith("per-token"):
+        return  # per-tensor scales depend on what else is in the tensor, so the check below is per-token's only
+    # fill-mask's path (queries only for the kept tokens) gives what the full pass gives for them
+    keep = torch.zeros_like(ids, dtype=torch.bool)
+    keep[:, 3] = True
+    with torch.no_grad():
+        torch.testing.assert_close(quantized.bert.encoder(quantized.bert.embeddings(ids, types), None, keep_last=keep),
+                                   quantized.bert(ids, types)[0][:, 3], rtol=1e-4, atol=1e-4)
 
 
 def test_keep_leaves_named_layers_in_float_and_smoothing_needs_statistics():
