@@ -34,7 +34,7 @@ next-sentence prediction. It is the service's bundled default model: small enoug
   {mask_rate:.0%} of tokens masked in training (15% in evaluation), dropout {dropout}, {precision} steps,
   {passes:.2f} passes over the text (sentence pairs drawn afresh each pass), {device}, {minutes:.0f} minutes
   of training steps.
-- Command: `{command}`
+{commands}
 - Curves: `training_curves.png`; every logged step and evaluation: `metrics.jsonl`.
 
 ## Measured quality (held-out)
@@ -76,6 +76,8 @@ KNOWN_SOURCES = {
     "wiki.": "WikiText-2 (Merity et al., 2016, \"Pointer Sentinel Mixture Models\"), text from Wikipedia, CC BY-SA 3.0.",
     "wikitext": "WikiText (Merity et al., 2016), text from Wikipedia, CC BY-SA 3.0.",
 }
+PRECISION_WORDS = {"auto": "bfloat16-autocast (where the hardware has it, else float32)", "float32": "float32",
+                   "bfloat16": "bfloat16-autocast"}
 FILL_MASK_EXAMPLES = ("The capital of France is [MASK] .", "He was born in [MASK] and died in 1900 .",
                       "She played the [MASK] in the orchestra .", "the game was released in [MASK] .")
 
@@ -103,7 +105,8 @@ def export(source: Path, target: Path, dtype: torch.dtype) -> Path:
 
     save_checkpoint(target, checkpoint.model, checkpoint.tokenizer, metadata=metadata, dtype=dtype,
                     write_extra=write_extras)
-    (target / "README.md").write_text(model_card(target, metadata, checkpoint))
+    # The card's answers come from the exported (half-precision) weights, which are what the service serves.
+    (target / "README.md").write_text(model_card(target, metadata, load_checkpoint(target)))
     return target
 
 
@@ -114,11 +117,34 @@ def _logged_eval(path: Path, step: int | None) -> dict | None:
     return next((r["eval"] for r in rows if "eval" in r and r["step"] == step), None)
 
 
+def training_stages(metadata: dict) -> list[dict]:
+    """The runs that made this checkpoint, first to last: each --init-from run records the one it continued."""
+    stages = []
+    while metadata:
+        stages.insert(0, metadata)
+        metadata = metadata.get("started_from")
+    return stages
+
+
+def stage_commands(stages: list[dict]) -> str:
+    if len(stages) == 1:
+        return f"- Command: `{stages[0].get('command', '?')}`"
+    lines = [f"- Trained in {len(stages)} runs, each continuing the one before (`--init-from`):"]
+    for number, stage in enumerate(stages, 1):
+        progress, options = stage.get("progress") or {}, stage.get("options") or {}
+        lines.append(f"  {number}. {progress.get('step', 0):,} steps, peak learning rate {options.get('lr', '?')}, "
+                     f"{progress.get('elapsed_s', 0) / 60:.0f} minutes: `{stage.get('command', '?')}`")
+    return "\n".join(lines)
+
+
 def model_card(target: Path, metadata: dict, checkpoint) -> str:
     config = checkpoint.config
     options = metadata.get("options", {})
     data = metadata.get("data", {})
-    progress = metadata.get("progress", {})
+    stages = training_stages(metadata)
+    # Totals over every run that trained these weights.
+    progress = {key: sum((stage.get("progress") or {}).get(key, 0) for stage in stages)
+                for key in ("step", "tokens_seen", "elapsed_s")}
     evaluation = metadata.get("eval") or {}
     sources = data.get("train", [])
     if isinstance(sources, str):  # older metadata: one source
@@ -139,12 +165,12 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
         sources=source_lines, train_tokens=data.get("train_tokens", 0), train_docs=data.get("train_documents", 0),
         eval=Path(str(data.get("eval", "?"))).name, eval_tokens=data.get("eval_tokens", 0),
         steps=progress.get("step", 0), batch=options.get("batch_size", "?"), seq_len=options.get("max_seq_len", "?"),
-        lr=options.get("lr", "?"), mask_rate=options.get("mask_rate", 0.15),
-        dropout=options.get("dropout") if options.get("dropout") is not None else "0.1 (preset)",
-        precision=options.get("precision", "float32"),
+        lr=" then ".join(str((stage.get("options") or {}).get("lr", "?")) for stage in stages),
+        mask_rate=options.get("mask_rate", 0.15), dropout=config.hidden_dropout_prob,
+        precision=PRECISION_WORDS.get(options.get("precision", "float32"), options.get("precision")),
         passes=progress.get("tokens_seen", 0) / max(data.get("train_tokens", 1), 1),
         device=metadata.get("device", "?"), minutes=progress.get("elapsed_s", 0) / 60,
-        command=metadata.get("command", "?"), mlm_accuracy=evaluation.get("mlm_accuracy", nan),
+        commands=stage_commands(stages), mlm_accuracy=evaluation.get("mlm_accuracy", nan),
         mlm_perplexity=evaluation.get("mlm_perplexity", nan), mlm_loss=evaluation.get("mlm_loss", nan),
         nsp_accuracy=evaluation.get("nsp_accuracy", nan), pairs=evaluation.get("pairs", 0),
         masked=evaluation.get("masked_tokens", 0), word_accuracy=evaluation.get("whole_word_accuracy", nan),

@@ -31,7 +31,7 @@ from trainer.evaluate import build_eval_set, evaluate
 from trainer.examples import PairBatch, TrainingPairs, collate
 from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
 from trainer.options import TrainOptions
-from trainer.run_files import RunFiles
+from trainer.run_files import RunFiles, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
 
 log = logging.getLogger("trainer")
@@ -177,7 +177,10 @@ class Training:
             log.info("resumed from step %d", self.progress.step)
         else:
             torch.manual_seed(options.seed * 7919 + placement.rank)  # dropout stream, one per rank
-        self.files.start(resumed=resume is not None)
+        # What this run continues: read once (the --init-from directory may be gone by the next save).
+        started_from = resume.checkpoint.metadata.get("started_from") if resume is not None else \
+            earlier_stage(options.init_from) if options.init_from is not None else None
+        self.files.start(resumed=resume is not None, started_from=started_from)
 
         self.step_module = _PreTrainingStep(self.model)
         self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)

@@ -14,11 +14,19 @@ from pathlib import Path
 
 import torch
 
-from model.checkpoint import save_checkpoint
+from model.checkpoint import read_metadata, save_checkpoint
 from trainer.plot import plot_metrics
 from trainer.state import Progress, prune, state_writer
 
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def earlier_stage(init_from: Path) -> dict | None:
+    """What an --init-from run continues: the earlier run's command, options, progress and evaluation
+    (and, nested, whatever that one continued), so that a model card can tell the whole training."""
+    earlier = read_metadata(Path(init_from))
+    return {key: earlier.get(key) for key in ("command", "options", "progress", "device", "eval", "started_from")} \
+        if earlier else None
 
 
 class RunFiles:
@@ -27,11 +35,14 @@ class RunFiles:
         self.is_writer = is_writer
         self.metrics_path = output / "metrics.jsonl"
         self.history: list[dict] = []
+        self.started_from: dict | None = None  # see earlier_stage; set by start()
         if is_writer:
             _check_writable(output)
 
-    def start(self, resumed: bool) -> None:
-        """A resumed run continues its metrics; a new one starts them afresh."""
+    def start(self, resumed: bool, started_from: dict | None = None) -> None:
+        """A resumed run continues its metrics; a new one starts them afresh. `started_from`: what the
+        run continues (earlier_stage), recorded in every checkpoint's metadata."""
+        self.started_from = started_from
         if not self.is_writer:
             return
         if resumed:
@@ -60,6 +71,7 @@ class RunFiles:
             "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
             "torch_version": torch.__version__,
             "eval": final_eval,
+            "started_from": self.started_from,
         }
 
     def save_resumable(self, model, optimizer, data, options, progress: Progress, device: torch.device) -> None:

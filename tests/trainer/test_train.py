@@ -78,6 +78,20 @@ def test_output_opens_in_transformers(finished_run):
     assert (theirs - mine).abs().max() < 1e-5
 
 
+def test_a_continued_run_records_what_it_continued_and_its_card_tells_both(tmp_path, small_corpus, small_eval_corpus,
+                                                                          finished_run, shared_cache):
+    from trainer.export import export
+
+    continued = tmp_path / "continued"
+    assert main(tiny_run_args(small_corpus, small_eval_corpus, continued, shared_cache, **{
+        "--init-from": finished_run, "--max-steps": 6, "--lr": 1e-3})) == 0
+    metadata = json.loads((continued / "training_metadata.json").read_text())
+    assert metadata["started_from"]["progress"]["step"] == 40 and metadata["progress"]["step"] == 6
+    card = (export(continued, tmp_path / "exported", torch.float16) / "README.md").read_text()
+    assert "Trained in 2 runs" in card and "46 optimizer steps" in card and "peak learning rate 0.003 then 0.001" in card
+    assert f"`{metadata['started_from']['command']}`" in card  # the first run's command, as recorded
+
+
 def test_second_run_reuses_the_token_cache(tmp_path, small_corpus, small_eval_corpus):
     cache = tmp_path / "cache"
     args = lambda out: tiny_run_args(small_corpus, small_eval_corpus, tmp_path / out, cache, **{"--max-steps": 1})  # noqa: E731
