@@ -169,13 +169,15 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
     parallel)) comes back too, since best / batch 1 bounds what batching can gain on this device.
     """
     from model import load_checkpoint
-    from model.device import pick_device
+    from model.device import keep_freed_memory, pick_device
     from service.precision import choose
     from service.runtime import build_engine
     from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)
     device = pick_device("auto")
+    if device.type == "cpu":
+        keep_freed_memory()  # as the service does by default (cpu_keep_freed_memory)
     engine = build_engine(ckpt, device, choose("auto", device))
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
     items = sorted((EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded), key=len)

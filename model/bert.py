@@ -81,16 +81,16 @@ class BertSelfAttention(nn.Module):
             return packing.unpad(self._attend(q, k, v, packing.key_mask))
         if self.fused_qkv is not None:
             q, k, v = self.fused_qkv(x).chunk(3, -1)
+            q = q if keep is None else q[keep]
         else:
-            q, k, v = (None if keep is not None else self.query(x)), self.key(x), self.value(x)
+            q, k, v = self.query(x if keep is None else x[keep]), self.key(x), self.value(x)
         if keep is None:
             return self._attend(q, k, v, attn_mask)
         # Kept tokens' queries, left-aligned per sequence in a (B, Q, H) layout (Q = most kept in a row).
         counts = keep.sum(1)
         slots = torch.arange(int(counts.max()), device=x.device)[None, :] < counts[:, None]  # (B, Q)
-        queries = self.query(x[keep]) if q is None else q[keep]
         flat_slots = slots.reshape(-1).nonzero().squeeze(1)
-        q = queries.new_zeros(slots.numel(), queries.shape[-1]).index_copy(0, flat_slots, queries)
+        q = q.new_zeros(slots.numel(), q.shape[-1]).index_copy(0, flat_slots, q)
         out = self._attend(q.view(*slots.shape, -1), k, v, attn_mask)
         return out.reshape(slots.numel(), -1).index_select(0, flat_slots)
 
