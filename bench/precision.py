@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                   ("torch-dynamic-smooth", 0.8, ()), ("per-token", 0.5, ()), ("per-token-smooth", 0.5, ()),
                   ("per-token-smooth", 0.65, ()), ("per-token-smooth", 0.8, ())]
     variants += [lambda s=s, a=a, k=k: ours(checkpoint, "float32", s, a, k) for s, a, k in int8_tried]
-    if cpu_has_native_bf16():  # what --dtype int8 serves on such a CPU
+    if cpu_has_native_bf16():  # tried: bfloat16 around the int8 layers (served int8 is the float32-around row)
         variants.append(lambda: ours(checkpoint, "bfloat16", SERVED_INT8_SCHEME, SERVED_INT8_ALPHA))
     variants += [lambda q=q: onnx_runtime(checkpoint, work, q, args.parallel) for q in (None, "per-tensor", "per-channel")]
 

@@ -5,9 +5,10 @@
 - int8 (CPU only): the encoder's Linear layers in int8, per-token activation scales and SmoothQuant
   (`model.quantize`, scheme and alpha chosen by the fidelity and speed measurements in BENCHMARKS.md),
   calibrated at start-up on a few sentences shipped with the package; everything else (attention,
-  LayerNorm, GELU, embeddings, heads) in bfloat16 where the CPU has native bfloat16, float32 where not.
-  With float32 around them the int8 products left attention and the elementwise work as the larger
-  cost; bfloat16 halves that at bfloat16's fidelity (BENCHMARKS.md).
+  LayerNorm, GELU, embeddings, heads) in float32. bfloat16 around the int8 products was tried and
+  shipped once; once the int8 layers' own elementwise work was trimmed, float32 around them was 4.7%
+  faster (no conversions in and out of each int8 layer, and CPU flash attention is faster in float32
+  than in bfloat16 at these lengths) and closer to float32 in fill-mask answers (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -48,9 +49,8 @@ def choose(choice: str, device: torch.device) -> Precision:
         if device.type != "cpu":
             raise PrecisionError("--dtype int8 runs on CPU only (its int8 kernels are CPU ones); on a GPU use "
                                  "--dtype auto (bfloat16) or float16")
-        around = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; "
-                         f"{str(around).removeprefix('torch.')} elsewhere)", around)
+        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere)",
+                         torch.float32)
     if choice == "auto":
         if device.type != "cuda":
             return Precision("float32", torch.float32)

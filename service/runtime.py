@@ -110,6 +110,11 @@ class Runtime:
             precision = choose(s.dtype, device)
         except (ValueError, PrecisionError) as exc:
             raise RuntimeError(str(exc)) from None
+        # Requests tokenize on the event loop. The tokenizers library would spread each request over a
+        # pool of its own threads that spin while they wait: under load they took CPU from the compute
+        # threads and stalled the event loop while it waited for them (py-spy). One thread is plenty for
+        # the inputs of one request. A value the user set is kept.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if device.type == "cpu" and s.cpu_keep_freed_memory and not keep_freed_memory():
             log.info("cpu_keep_freed_memory: not glibc, left to the system allocator")
         checkpoint = load_checkpoint(s.checkpoint, device="cpu")
