@@ -85,7 +85,7 @@ class Int8Linear(nn.Module):
         if rows <= 16:  # _int_mm wants more than 16 rows; zero rows cost nothing to drop
             x_int8 = torch.cat([x_int8, x_int8.new_zeros(17 - rows, x_int8.shape[1])])
         # Dequantize in place: (rows, out) int32 -> float32, times both scales, plus the bias.
-        out = torch._int_mm(x_int8, self.weight_t)[:rows].float().mul_(row_max.mul_(1 / 127.0)).mul_(self.weight_scale)
+        out = torch._int_mm(x_int8, self.weight_t)[:rows].float().mul_(row_max / 127.0).mul_(self.weight_scale)
         if self.bias is not None:
             out.add_(self.bias)
         return out.to(dtype).reshape(*shape[:-1], self.out_features)
