@@ -23,13 +23,15 @@ def model_flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float 
     return float(_dense_flops_per_token(config) + _attention_flops_per_pair(config) * seq_len + head)
 
 
-def packed_batch_flops(config: BertConfig, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
+def packed_batch_flops(config: BertConfig, count: int, longest: int, real: int, real_squares: int,
+                       attention_per_sequence: bool = False) -> tuple[float, float]:
     """(encoder FLOPs of one packed batch, the part spent on padding).
 
     Token-wise layers see the `real` tokens only. Attention runs in the padded (count, longest)
     layout: count x longest^2 query-key pairs are computed where `real_squares` (the sum of squared
-    lengths) are needed, and that difference is the only waste.
+    lengths) are needed, and that difference is the only waste; or, with `attention_per_sequence`
+    (on CPU, see `model.packing.attends_each_on_cpu`), on each sequence alone, wasting nothing.
     """
     pair = _attention_flops_per_pair(config)
-    computed_pairs = count * longest ** 2
+    computed_pairs = real_squares if attention_per_sequence else count * longest ** 2
     return float(_dense_flops_per_token(config) * real + pair * computed_pairs), float(pair * (computed_pairs - real_squares))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
 from model.flops import packed_batch_flops
-from model.packing import Packing
+from model.packing import Packing, attends_each_on_cpu
 from service.tasks import (
     EncodeItem,
     FillMaskItem,
@@ -81,7 +81,8 @@ class Engine:
 
     def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
         """(FLOPs of one packed batch, the part spent on padding): see `packed_batch_flops`."""
-        return packed_batch_flops(self.model.config, count, longest, real, real_squares)
+        per_sequence = self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares)
+        return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence)
 
     def collate(self, items: list[Item]) -> Batch:
         ids = torch.tensor([t for item in items for t in item.input_ids], dtype=torch.long)

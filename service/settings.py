@@ -50,8 +50,8 @@ class Settings(BaseSettings):
     max_padding_fraction: float = Field(0.10, gt=0, le=1, description=(
         "Largest share of a batch's compute spent on padding. Batches run packed (the token-wise layers see "
         "real tokens only), so padding costs only attention work, which grows when long and short inputs share "
-        "a batch. Lower keeps long inputs apart from short ones; higher makes fewer, bigger batches. 1 turns "
-        "the cap off."))
+        "a batch (on CPU, mixed lengths attend one sequence at a time and waste none). Lower keeps long inputs "
+        "apart from short ones; higher makes fewer, bigger batches. 1 turns the cap off."))
     concurrent_batches: int = Field(0, ge=0, description=(
         "Batches computed at the same time, each by its own thread. 0 = auto: 2 on a CPU with at least 2 cores "
         "(each batch on half the cores: a batch spread over every core stalls whenever the HTTP side takes one), "

@@ -8,8 +8,9 @@ import transformers
 
 from model import PRESETS, BertConfig, BertForPreTraining, ConfigError
 from model.dropout import Dropout
-from model.packing import Packing
-from tests.conftest import random_model
+from model.flops import packed_batch_flops
+from model.packing import Packing, attends_each_on_cpu
+from tests.conftest import random_model, tiny_config
 
 VOCAB = 300
 
@@ -79,9 +80,11 @@ def test_padding_invariance():
             torch.testing.assert_close(alone.nsp_logits[0], batched.nsp_logits[row], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("lengths", [(17, 11, 6), (9, 9), (1, 17, 2, 5)])
-def test_packed_forward_equals_padded(lengths):
-    """The padding-free path (token-wise layers on real tokens only) gives the padded path's answers."""
+@pytest.mark.parametrize("lengths, attend_each", [((17, 11, 6), False), ((9, 9), False), ((1, 17, 2, 5), False),
+                                                  ((40, 7, 23, 3, 31), True)])
+def test_packed_forward_equals_padded(lengths, attend_each):
+    """The padding-free path (token-wise layers on real tokens only; on CPU, attention either padded or
+    per sequence, as Packing weighs it) gives the padded path's answers."""
     model = random_model(VOCAB)
     g = torch.Generator().manual_seed(3)
     width = max(lengths)
@@ -93,6 +96,7 @@ def test_packed_forward_equals_padded(lengths):
         types[row, n // 2 : n] = 1
         mask[row, :n] = 1
     packing = Packing.from_lengths(list(lengths))
+    assert packing.attend_each_on_cpu is attend_each
     real = mask.bool()
     assert packing.indices.tolist() == real.reshape(-1).nonzero().squeeze(1).tolist()
     with torch.no_grad():
@@ -101,6 +105,21 @@ def test_packed_forward_equals_padded(lengths):
     assert packed.shape == (sum(lengths), model.config.hidden_size)
     torch.testing.assert_close(packed, padded[real], rtol=0, atol=1e-5)
     torch.testing.assert_close(packed[packing.starts], padded[:, 0], rtol=0, atol=1e-5)
+
+
+def test_attention_per_sequence_prices_no_padding():
+    """The batcher's FLOP model follows the CPU attention arrangement: per-sequence calls waste nothing,
+    a padded call wastes count x longest^2 - sum of squares pairs, and the useful work is the same."""
+    config = tiny_config(VOCAB)
+    lengths = [40, 7, 23, 3, 31]
+    count, longest, real, squares = len(lengths), max(lengths), sum(lengths), sum(n * n for n in lengths)
+    assert attends_each_on_cpu(count, longest, squares)
+    assert not attends_each_on_cpu(3, 9, 3 * 81)  # equal lengths: one call, nothing padded
+    assert not attends_each_on_cpu(4, 6, 25 + 36 + 16 + 36)  # short and nearly equal: one padded call is cheaper
+    total, padding = packed_batch_flops(config, count, longest, real, squares, attention_per_sequence=True)
+    padded_total, padded_padding = packed_batch_flops(config, count, longest, real, squares)
+    assert padding == 0 and padded_padding > 0
+    assert padded_total - padded_padding == total
 
 
 @pytest.mark.parametrize("padded", [False, True])
