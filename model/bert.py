@@ -77,7 +77,7 @@ class BertSelfAttention(nn.Module):
             packing = attn_mask
             qkv = self.fused_qkv(x) if self.fused_qkv is not None else \
                 torch.cat((self.query(x), self.key(x), self.value(x)), -1)
-            if packing.attend_each_on_cpu and qkv.device.type == "cpu" and not self.training:
+            if qkv.device.type == "cpu" and not self.training and packing.attend_each_on_cpu:
                 return self._attend_each(qkv, packing)
             q, k, v = packing.pad(qkv).chunk(3, -1)
             return packing.unpad(self._attend(q, k, v, packing.key_mask))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -25,8 +26,6 @@ class Packing:
     batch: int
     width: int
     spans: tuple[tuple[int, int], ...]  # (start, length) of each sequence in the packed layout
-    # On CPU, whether one attention call per sequence (on its span) costs less than one padded call.
-    attend_each_on_cpu: bool = False
 
     @classmethod
     def from_lengths(cls, lengths: list[int]) -> Packing:
@@ -39,13 +38,17 @@ class Packing:
         if int(sizes.min()) != width:
             key_mask = (torch.arange(width)[None, :] < sizes[:, None])[:, None, None, :]
         spans = tuple(zip(starts.tolist(), map(int, lengths)))
-        attend_each = key_mask is not None and attends_each_on_cpu(len(lengths), width, sum(n * n for _, n in spans))
-        return cls(rows * width + positions, rows, positions, starts, key_mask, len(lengths), width, spans, attend_each)
+        return cls(rows * width + positions, rows, positions, starts, key_mask, len(lengths), width, spans)
+
+    @cached_property
+    def attend_each_on_cpu(self) -> bool:
+        """On CPU, whether one attention call per sequence (on its span) costs less than one padded call."""
+        return self.key_mask is not None and attends_each_on_cpu(self.batch, self.width, sum(n * n for _, n in self.spans))
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
-                       move(self.key_mask), self.batch, self.width, self.spans, self.attend_each_on_cpu)
+                       move(self.key_mask), self.batch, self.width, self.spans)
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
         """(N, D) -> (B, T, D), zeros where there is no token."""
