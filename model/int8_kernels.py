@@ -54,7 +54,7 @@ def _int8_rows(rows: int, cols: int) -> torch.Tensor:
 
 def quantize_rows(x: torch.Tensor, inverse_smoothing: torch.Tensor) -> QuantizedRows:
     """x (..., cols) float32 or bfloat16 -> int8 rows of x * inverse_smoothing, one scale per row (max |.| / 127)."""
-    flat = x.reshape(-1, x.shape[-1]).float().contiguous()
+    flat = x.detach().reshape(-1, x.shape[-1]).float().contiguous()  # int8 layers are inference-only
     rows, cols = flat.shape
     values, scale = _int8_rows(rows, cols), torch.empty(rows)
     _quantize_rows(flat.numpy(), inverse_smoothing.numpy(), values.numpy(), scale.numpy(), np.empty(cols, np.float32))

@@ -95,3 +95,11 @@ def test_a_quantized_model_answers_alike_with_and_without_the_kernels(monkeypatc
         alone = torch.cat([fused.bert(ids[i : i + 1], types[i : i + 1])[0] for i in range(len(ids))])
     assert F.cosine_similarity(got.flatten(0, 1), want.flatten(0, 1)).min() > 0.999
     torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)  # a row's result does not depend on its batch
+
+
+def test_a_quantized_model_runs_outside_no_grad():
+    """Its LayerNorm outputs carry autograd history there; the kernels read them all the same."""
+    model = quantize(random_model(300, hidden_size=64, intermediate_size=256), "per-token")
+    ids = torch.randint(5, 300, (2, 12))
+    hidden = model.bert(ids, torch.zeros_like(ids))[0]
+    assert hidden.shape == (2, 12, 64) and torch.isfinite(hidden).all()
