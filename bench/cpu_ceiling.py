@@ -8,7 +8,8 @@ the service forms them, one thread:
 2. The whole encoder in each precision (float32, bfloat16, served int8), and float32's split into
    its matrix products G (their FLOPs at the rate from 1) and everything else E (attention,
    LayerNorm, GELU, embeddings, Python). A precision whose products run r times faster and whose
-   other work costs what float32's does is bounded by Amdahl: (G + E) / (G / r + E).
+   other work costs what float32's does reaches (G + E) / (G / r + E) (Amdahl); one that also makes
+   some of that work cheaper (bfloat16's half-size LayerNorm, int8's fused GELU) can pass it.
 3. Served int8 with its quantization and dequantization made free: int8 products on zeros, outputs
    left unwritten, no GELU. A timing-only bound on what perfect int8 kernels could reach (its outputs
    are wrong and unused).
