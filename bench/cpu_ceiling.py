@@ -57,12 +57,12 @@ def product_rate(kind: str, rows: int, inputs: int, outputs: int, seconds: float
 def free_quantization():
     """The int8 layers as their int8 products alone: no input quantization, no dequantization, no fused
     GELU (timing only; the packed layout's 2-D activations)."""
-    from model.int8_kernels import QuantizedRows
+    from model.int8_kernels import MIN_ROWS, QuantizedRows
     from model.quantize import Int8GeluIntermediate, Int8Linear
 
     def product_only(self, x):
         rows = x.rows if isinstance(x, QuantizedRows) else x.shape[0]
-        torch._int_mm(torch.zeros(max(rows, 17), self.in_features, dtype=torch.int8), self.weight_t)
+        torch._int_mm(torch.zeros(max(rows, MIN_ROWS), self.in_features, dtype=torch.int8), self.weight_t)
         return torch.empty(rows, self.out_features)
 
     originals = Int8Linear.forward, Int8GeluIntermediate.forward

@@ -103,6 +103,8 @@ if AVAILABLE:
         largest = np.int32(0)
         for j in range(buffer.shape[0]):
             largest = max(largest, bits[j] & np.int32(0x7FFFFFFF))
+        # Back to a float through a one-element array: a scratch array made once per call and passed in
+        # measured slower (0.074-0.083 vs 0.069-0.071 ms for 600 x 384, three runs each).
         top = max(np.array([largest], np.int32).view(np.float32)[0], np.float32(1e-8))
         to_int = np.float32(127.0) / top
         for j in range(buffer.shape[0]):

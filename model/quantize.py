@@ -56,12 +56,12 @@ class Int8Linear(nn.Module):
         scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0  # (out,)
         self.register_buffer("weight_t", torch.round(weight / scale[:, None]).to(torch.int8).t().contiguous())
         self.weight_scale = scale
-        self.bias = None if bias is None else bias.detach().float().clone()
-        self.input_scale = None if smoothing is None else 1.0 / smoothing.float()
         self.out_features, self.in_features = weight.shape
-        # The fused kernels take every vector, even a neutral one.
-        self.kernel_input_scale = self.input_scale if self.input_scale is not None else torch.ones(self.in_features)
-        self.kernel_bias = self.bias if self.bias is not None else torch.zeros(self.out_features)
+        # Neutral vectors where there is no bias or smoothing: the kernels take vectors, and a layer of
+        # BERT's always has a bias (multiplying by ones costs what the float copy it replaces did).
+        self.bias = torch.zeros(self.out_features) if bias is None else bias.detach().float().clone()
+        self.input_scale = torch.ones(self.in_features) if smoothing is None else 1.0 / smoothing.float()
+        self.smoothed = smoothing is not None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, smoothing: torch.Tensor | None = None) -> Int8Linear:
@@ -79,40 +79,41 @@ class Int8Linear(nn.Module):
             return self.from_quantized(x)
         if int8_kernels.AVAILABLE:
             return self.from_quantized(self.quantize_input(x))
+        return self._forward_eager(x)
+
+    def quantize_input(self, x: torch.Tensor) -> QuantizedRows:
+        """x (..., in) -> its rows smoothed and quantized, as this layer's product wants them (fused kernel)."""
+        return int8_kernels.quantize_rows(x, self.input_scale)
+
+    def products(self, x: QuantizedRows) -> torch.Tensor:
+        """The int32 products of quantized rows and the int8 weights (rows padded as `_int_mm` wants)."""
+        return torch._int_mm(x.values, self.weight_t)
+
+    def from_quantized(self, x: QuantizedRows) -> torch.Tensor:
+        """The layer's output for an already quantized input (fused kernels)."""
+        out = int8_kernels.dequantize(self.products(x), x, self.weight_scale, self.bias)
+        return out.to(x.dtype).reshape(*x.shape, self.out_features)
+
+    def _forward_eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The same computation in PyTorch operators, where numba is not installed."""
         shape, dtype = x.shape, x.dtype
         x = x.reshape(-1, shape[-1])
         # A float32 copy of x (smoothed), quantized in place from here on.
-        if self.input_scale is None:
-            x = x.to(torch.float32, copy=True)
-        elif dtype == torch.float32:
-            x = x * self.input_scale
-        else:
-            x = x.float().mul_(self.input_scale)
+        x = x * self.input_scale if dtype == torch.float32 else x.float().mul_(self.input_scale)
         # Each row's largest |x| from its max and min: two reading passes, where abs() would write a
         # whole copy first (0.09 vs 0.13 ms for 600 x 1536 on one core). A multiply by 127 / max is
         # cheaper than a divide by max / 127 (0.04 vs 0.10 ms).
         row_max = torch.maximum(x.amax(dim=1, keepdim=True), x.amin(dim=1, keepdim=True).neg_()).clamp_(min=1e-8)
         x_int8 = x.mul_(127.0 / row_max).round_().to(torch.int8)
         rows = x_int8.shape[0]
-        if rows <= 16:  # _int_mm wants more than 16 rows; zero rows cost nothing to drop
-            x_int8 = torch.cat([x_int8, x_int8.new_zeros(17 - rows, x_int8.shape[1])])
+        if rows < int8_kernels.MIN_ROWS:  # zero rows cost nothing to drop
+            x_int8 = torch.cat([x_int8, x_int8.new_zeros(int8_kernels.MIN_ROWS - rows, x_int8.shape[1])])
         # Dequantize in place: (rows, out) int32 -> float32, times both scales, plus the bias.
         out = torch._int_mm(x_int8, self.weight_t)[:rows].float().mul_(row_max / 127.0).mul_(self.weight_scale)
-        if self.bias is not None:
-            out.add_(self.bias)
-        return out.to(dtype).reshape(*shape[:-1], self.out_features)
-
-    def quantize_input(self, x: torch.Tensor) -> QuantizedRows:
-        """x (..., in) -> its rows smoothed and quantized, as this layer's product wants them (fused kernel)."""
-        return int8_kernels.quantize_rows(x, self.kernel_input_scale)
-
-    def from_quantized(self, x: QuantizedRows) -> torch.Tensor:
-        """The layer's output for an already quantized input (fused kernels)."""
-        out = int8_kernels.dequantize(torch._int_mm(x.values, self.weight_t), x, self.weight_scale, self.kernel_bias)
-        return out.to(x.dtype).reshape(*x.shape, self.out_features)
+        return out.add_(self.bias).to(dtype).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        smooth = ", smoothed" if self.input_scale is not None else ""
+        smooth = ", smoothed" if self.smoothed else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per token x per channel{smooth}"
 
 
@@ -125,13 +126,12 @@ class Int8GeluIntermediate(nn.Module):
     def __init__(self, dense: Int8Linear, reader: Int8Linear):
         super().__init__()
         self.dense = dense
-        self.reader_input_scale = reader.kernel_input_scale  # a plain attribute: stays float32 (see Int8Linear)
+        self.reader_input_scale = reader.input_scale  # a plain attribute: stays float32 (see Int8Linear)
 
     def forward(self, x: torch.Tensor) -> QuantizedRows:
         rows = self.dense.quantize_input(x)
-        products = torch._int_mm(rows.values, self.dense.weight_t)
-        return int8_kernels.dequantize_gelu_quantize(products, rows, self.dense.weight_scale, self.dense.kernel_bias,
-                                                     self.reader_input_scale)
+        return int8_kernels.dequantize_gelu_quantize(self.dense.products(rows), rows, self.dense.weight_scale,
+                                                     self.dense.bias, self.reader_input_scale)
 
 
 class InputScale(nn.Module):
