@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from bench.train_peer import IGNORED, transformers_twin
 from model import BertConfig, BertForPreTraining
 from model.device import cpu_has_native_bf16
+from trainer.step import pretraining_logits
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     labels = torch.where(positions, ids, IGNORED)
 
     def our_loss():
-        mlm, nsp = ours.pretraining_logits(ids, types, mask, positions)
+        mlm, nsp, _ = pretraining_logits(ours, ids, types, mask, positions)
         return F.cross_entropy(mlm, ids[positions]) + F.cross_entropy(nsp, nsp_labels)
 
     def peer_loss():

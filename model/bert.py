@@ -390,26 +390,6 @@ class BertForPreTraining(nn.Module):
         nsp = self.nsp_logits(pooled) if self.has_nsp_head else None
         return PreTrainingOutput(hidden, pooled, mlm, nsp)
 
-    def pretraining_logits(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           mlm_positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(MLM logits at the boolean (B, T) `mlm_positions`, (N, V) row-major; NSP logits (B, 2)).
-
-        Equal to `forward(...)`'s, for less work: the heads read the last layer at the masked
-        positions and [CLS] only, so that layer computes queries, attention, output projection and
-        feed-forward for those ~16% of tokens (keys and values still for all). For `mini` this
-        skips a fifth of the encoder's FLOPs. This is how pre-training steps are computed.
-        """
-        if not (self.has_mlm_head and self.has_nsp_head):
-            raise RuntimeError("pre-training needs both the masked-LM and the next-sentence head")
-        is_cls = torch.zeros_like(mlm_positions)
-        is_cls[:, 0] = True
-        keep = mlm_positions | is_cls
-        embedded = self.bert.embeddings(input_ids, token_type_ids)
-        kept = self.bert.encoder(embedded, key_padding_mask(attention_mask), keep_last=keep)  # (K, H)
-        mlm = self.cls.predictions(kept[mlm_positions[keep]])
-        nsp = self.nsp_logits(self.bert.pooler.pool(kept[is_cls[keep]]))
-        return mlm, nsp
-
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         seen: set[int] = set()
         total = 0

@@ -26,6 +26,8 @@ from model.bert import BertForPreTraining
 from model.tokenizer import WordPieceTokenizer
 from trainer.examples import PairBatch, build_pairs, collate
 from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
+from trainer.retention import RetentionProbe, retention_metrics, sentence_vectors
+from trainer.step import pretraining_logits
 from trainer.tokens import TokenizedCorpus
 
 EVAL_PAIR_SEED = 20181011  # BERT's arXiv date; any fixed value works
@@ -48,6 +50,7 @@ class EvalSet:
     batches: list[tuple[PairBatch, MaskedBatch]]
     whole_words: list[WholeWordBatch]
     constant_guess_accuracy: float  # always answering the most frequent masked word
+    retention: RetentionProbe | None = None  # a warm start's reference sentence vectors (trainer.retention)
 
 
 def build_eval_set(corpus: TokenizedCorpus, tokenizer: WordPieceTokenizer, vocab_size: int, max_seq_len: int,
@@ -116,8 +119,8 @@ def evaluate(model: BertForPreTraining, eval_set: EvalSet, device: torch.device)
     model.eval()
     mlm_loss = mlm_correct = mlm_count = nsp_loss = nsp_correct = nsp_count = 0.0
     for batch, masked in eval_set.batches:
-        mlm_logits, nsp_logits = model.pretraining_logits(
-            masked.input_ids.to(device), batch.token_type_ids.to(device), batch.attention_mask.to(device),
+        mlm_logits, nsp_logits, _ = pretraining_logits(
+            model, masked.input_ids.to(device), batch.token_type_ids.to(device), batch.attention_mask.to(device),
             masked.positions.to(device))
         labels = masked.labels.to(device)
         logits = mlm_logits.float()
@@ -135,6 +138,10 @@ def evaluate(model: BertForPreTraining, eval_set: EvalSet, device: torch.device)
         predicted = model.mlm_logits(hidden, words.positions.to(device)).argmax(-1)
         word_correct += int((predicted == words.labels.to(device)).sum())
         word_count += len(words.labels)
+    retention = None
+    if eval_set.retention is not None:
+        vectors = sentence_vectors(model.bert, eval_set.retention.batches, device)
+        retention = retention_metrics(vectors, eval_set.retention.reference)
     model.train(was_training)
     mean_mlm = mlm_loss / max(mlm_count, 1)
     word_accuracy = word_correct / max(word_count, 1)
@@ -150,4 +157,5 @@ def evaluate(model: BertForPreTraining, eval_set: EvalSet, device: torch.device)
         "whole_word_sentences": int(word_count),
         "masked_tokens": int(mlm_count),
         "pairs": int(nsp_count),
+        **({f"embedding_{key}": value for key, value in retention.items()} if retention else {}),
     }

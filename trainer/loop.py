@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from model.bert import BertForPreTraining
-from model.checkpoint import load_checkpoint
 from model.config import BertConfig
 from model.device import fast_half_dtype, keep_freed_memory, pick_device
 from model.flops import model_flops_per_token
@@ -32,7 +31,10 @@ from trainer.examples import PairBatch, TrainingPairs, collate
 from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
 from trainer.options import TrainOptions
 from trainer.run_files import RunFiles, earlier_stage
+from trainer.retention import build_probe
 from trainer.state import Progress, clean_partial_saves, newest_good
+from trainer.step import PreTrainingStep, mean_pooled
+from trainer.warm_start import WarmStart, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
 
@@ -129,17 +131,6 @@ def train(options: TrainOptions) -> Path:
             dist.destroy_process_group()
 
 
-class _PreTrainingStep(torch.nn.Module):
-    """DDP and torch.compile wrap a module's `forward`; this one's is the model's `pretraining_logits`."""
-
-    def __init__(self, model: BertForPreTraining):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions):
-        return self.model.pretraining_logits(input_ids, token_type_ids, attention_mask, mlm_positions)
-
-
 class Training:
     """One training run: set up in the constructor, `run()` trains and writes the final checkpoint."""
 
@@ -155,17 +146,22 @@ class Training:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self.autocast = autocast_dtype(options.precision, device)
-        self.files = RunFiles(options.output, is_writer=placement.is_writer)
         resume = newest_good(options.output) if options.resume else None
+        # The starting checkpoint is checked before anything is prepared or written (a bad one fails here).
+        torch.manual_seed(options.seed)  # initial weights of the heads a warm start lacks
+        warm = load_warm_start(options.init_from, options.dropout) \
+            if options.init_from is not None and resume is None else None
+        self.teacher = frozen_encoder(options.init_from, device) if options.preserve_embeddings > 0 else None
+        self.files = RunFiles(options.output, is_writer=placement.is_writer)
         if options.resume:
             if placement.is_writer:
                 clean_partial_saves(options.output)
             if resume is None:
                 log.warning("--resume: no usable checkpoint under %s/checkpoints; starting from scratch", options.output)
-        self.data = self._prepare(resume.checkpoint.tokenizer if resume else None)
+        self.data = self._prepare(resume.checkpoint.tokenizer if resume else warm.tokenizer if warm else None)
 
         torch.manual_seed(options.seed)  # initial weights
-        self.model = self._build_model(resume).to(device).train()
+        self.model = self._build_model(resume, warm).to(device).train()
         self.optimizer = build_optimizer(self.model, options, device)
         self.pairs = TrainingPairs(self.data.train, options.max_seq_len, options.seed, options.short_seq_prob,
                                    self.data.weights)
@@ -178,11 +174,15 @@ class Training:
         else:
             torch.manual_seed(options.seed * 7919 + placement.rank)  # dropout stream, one per rank
         # What this run continues: read once (the --init-from directory may be gone by the next save).
-        started_from = resume.checkpoint.metadata.get("started_from") if resume is not None else \
-            earlier_stage(options.init_from) if options.init_from is not None else None
-        self.files.start(resumed=resume is not None, started_from=started_from)
+        if resume is not None:
+            started_from = resume.checkpoint.metadata.get("started_from")
+            warm_source = resume.checkpoint.metadata.get("warm_start")
+        else:
+            started_from = earlier_stage(options.init_from) if options.init_from is not None else None
+            warm_source = warm.source if warm is not None and started_from is None else None
+        self.files.start(resumed=resume is not None, started_from=started_from, warm_start=warm_source)
 
-        self.step_module = _PreTrainingStep(self.model)
+        self.step_module = PreTrainingStep(self.model, with_sentence_vectors=self.teacher is not None)
         self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)
                         if placement.world > 1 else self.step_module)
         # Batch widths and masked-token counts change every step: compile for dynamic shapes, not one graph per shape.
@@ -190,6 +190,11 @@ class Training:
         config = self.model.config
         self.eval_set = build_eval_set(self.data.eval, self.data.tokenizer, config.vocab_size,
                                        options.max_seq_len, options.eval_examples) if placement.is_writer else None
+        if self.eval_set is not None and options.init_from is not None and \
+                (self.teacher is not None or options.init_from.is_dir()):
+            # How far the served sentence embeddings move from the starting encoder's, at every evaluation.
+            reference = self.teacher if self.teacher is not None else frozen_encoder(options.init_from, device)
+            self.eval_set.retention = build_probe(self.data.eval, self.data.tokenizer, reference, device)
         self.replace = replaceable_ids(self.data.tokenizer, config.vocab_size)
         self.flops_per_token = 3 * model_flops_per_token(config, options.max_seq_len, options.mask_rate)
 
@@ -203,16 +208,13 @@ class Training:
             data = prepare(self.options, tokenizer=tokenizer)
         return data
 
-    def _build_model(self, resume) -> BertForPreTraining:
+    def _build_model(self, resume, warm: WarmStart | None) -> BertForPreTraining:
         """The resumed model, the --init-from one, or a new model of the preset sized to the tokenizer."""
         options = self.options
         if resume is not None:
             return resume.checkpoint.model
-        if options.init_from is not None:
-            model = load_checkpoint(options.init_from).model
-            if not (model.has_mlm_head and model.has_nsp_head):
-                raise ValueError(f"--init-from {options.init_from}: the checkpoint lacks the MLM or NSP head")
-            return model
+        if warm is not None:
+            return warm.model
         tokenizer = self.data.tokenizer
         overrides = {"vocab_size": tokenizer.vocab_size, "max_position_embeddings": max(512, options.max_seq_len),
                      "pad_token_id": tokenizer.pad_id}
@@ -297,7 +299,7 @@ class Training:
         per_rank = options.batch_size // world
         micro = per_rank // options.grad_accum
         total_masked = int(masked.positions.sum())
-        totals = {"mlm_loss": 0.0, "nsp_loss": 0.0, "mlm_correct": 0, "nsp_correct": 0}
+        totals = {"mlm_loss": 0.0, "nsp_loss": 0.0, "mlm_correct": 0, "nsp_correct": 0, "drift": 0.0}
         label_offsets = torch.cumsum(masked.positions.sum(dim=1), 0)
         for index in range(options.grad_accum):
             lo = rank * per_rank + index * micro
@@ -307,17 +309,20 @@ class Training:
             part = batch.slice(lo, hi)
             positions = masked.positions[lo:hi].to(device)
             last = index == options.grad_accum - 1
+            inputs = (masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device), part.attention_mask.to(device))
             with nullcontext() if (last or world == 1) else self.wrapped.no_sync():
                 with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                    mlm_logits, nsp_logits = self.step_model(masked.input_ids[lo:hi].to(device),
-                                                             part.token_type_ids.to(device),
-                                                             part.attention_mask.to(device), positions)
+                    mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions)
                 mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # losses in float32
                 nsp_labels = part.nsp_labels.to(device)
                 mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
                 nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
-                loss = (mlm_sum / total_masked + nsp_sum / options.batch_size) * world
-                loss.backward()
+                loss = mlm_sum / total_masked + nsp_sum / options.batch_size
+                if self.teacher is not None:
+                    drift_sum = self._drift(inputs, vectors).sum()
+                    loss = loss + options.preserve_embeddings * drift_sum / options.batch_size
+                    totals["drift"] += drift_sum.item()
+                (loss * world).backward()
             totals["mlm_loss"] += mlm_sum.item()
             totals["nsp_loss"] += nsp_sum.item()
             totals["mlm_correct"] += int((mlm_logits.argmax(-1) == labels).sum())
@@ -329,9 +334,23 @@ class Training:
         local_masked = int(masked.positions[rank * per_rank : (rank + 1) * per_rank].sum())
         mlm = totals["mlm_loss"] / max(local_masked, 1)
         nsp = totals["nsp_loss"] / per_rank
-        return {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp,
-                "mlm_accuracy": totals["mlm_correct"] / max(local_masked, 1),
-                "nsp_accuracy": totals["nsp_correct"] / per_rank}
+        stats = {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp,
+                 "mlm_accuracy": totals["mlm_correct"] / max(local_masked, 1),
+                 "nsp_accuracy": totals["nsp_correct"] / per_rank}
+        if self.teacher is not None:
+            stats["embedding_drift"] = totals["drift"] / per_rank
+            stats["loss"] += self.options.preserve_embeddings * stats["embedding_drift"]
+        return stats
+
+    def _drift(self, inputs: tuple[torch.Tensor, ...], vectors: torch.Tensor) -> torch.Tensor:
+        """(B,) cosine distance between the model's mean-pooled vectors of these inputs and the frozen
+        starting encoder's (both on the same, masked, input: the term keeps the encoder's function)."""
+        input_ids, token_type_ids, attention_mask = inputs
+        with torch.no_grad(), torch.autocast(self.placement.device.type, dtype=self.autocast,
+                                             enabled=self.autocast is not None):
+            hidden, _ = self.teacher(input_ids, token_type_ids, attention_mask)
+            reference = mean_pooled(hidden, attention_mask)
+        return 1.0 - F.cosine_similarity(vectors.float(), reference.float(), dim=-1)
 
 
 __all__ = ["Interrupted", "Training", "autocast_dtype", "build_optimizer", "lr_factor", "run_progress",

@@ -28,13 +28,20 @@ class TrainOptions:
     preset: str = option("mini", f"Model size: {', '.join(PRESETS)} (Turc et al. 2019).", choices=list(PRESETS))
     vocab_size: int = option(16384, "WordPiece vocabulary size when a tokenizer is trained on the corpus.")
     tokenizer_sample: int = option(500_000, "Sentences sampled (uniformly, one pass) to train the vocabulary on.")
-    init_from: Path | None = option(None, "Start from this checkpoint's weights and tokenizer instead of scratch.")
+    init_from: Path | None = option(None, "Start from this BERT checkpoint's weights and tokenizer instead of scratch: "
+                                          "ours, or any BertForPreTraining, BertForMaskedLM or BertModel directory "
+                                          "(sentence-transformers models included); heads it lacks start fresh.")
+    preserve_embeddings: float = option(0.0, "Weight of the embedding-preservation term (needs --init-from): the "
+                                             "cosine distance between the mean-pooled sentence vectors of each "
+                                             "training batch and those of the frozen starting encoder, added to the "
+                                             "loss, so continued MLM training keeps what a sentence-embedding model "
+                                             "was good at. 0 turns it off; costs a forward pass of the frozen encoder.")
     max_seq_len: int = option(128, "Tokens per pre-training pair, [CLS] A [SEP] B [SEP] included.")
     mask_rate: float = option(0.15, "Share of non-special tokens chosen for masked-LM prediction in training "
                                     "(evaluation always masks 15%, so runs compare).")
     short_seq_prob: float = option(0.1, "Probability of a shorter target length for a pair (as in BERT).")
-    dropout: float | None = option(None, "Hidden and attention dropout of a new model (preset default 0.1); "
-                                           "--init-from and --resume keep the checkpoint's.")
+    dropout: float | None = option(None, "Hidden and attention dropout of a new or --init-from model (default: the "
+                                           "preset's 0.1, or the checkpoint's); --resume keeps the run's.")
     batch_size: int = option(32, "Sequences per optimizer step, across all processes.")
     grad_accum: int = option(1, "Micro-batches per optimizer step (each is batch-size / processes / grad-accum).")
     lr: float = option(1e-3, "Peak learning rate (AdamW).")
@@ -86,6 +93,12 @@ class TrainOptions:
             raise bad("mask_rate", "must be between 0 and 1")
         if not 0 <= self.eval_fraction < 1:
             raise bad("eval_fraction", "must be in [0, 1)")
+        if self.preserve_embeddings < 0:
+            raise bad("preserve_embeddings", "must be 0 (off) or positive")
+        if self.preserve_embeddings > 0 and self.init_from is None:
+            raise bad("preserve_embeddings", "needs --init-from (the encoder whose embeddings to preserve)")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise bad("dropout", "must be in [0, 1)")
         if self.lr <= 0:
             raise bad("lr", "must be positive")
         self.output = Path(self.output)

@@ -35,21 +35,23 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", action="append", required=True, help="as for python -m trainer (repeatable)")
     parser.add_argument("--eval-corpus")
+    parser.add_argument("--init-from", type=Path, help="use this checkpoint's tokenizer instead of training one")
     parser.add_argument("--vocab-size", type=int, default=TrainOptions.vocab_size)
     parser.add_argument("--tokenizer-sample", type=int, default=TrainOptions.tokenizer_sample)
     parser.add_argument("--cache-dir", type=Path, default=TrainOptions.cache_dir)
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from trainer.data import prepare  # after --help
+    from model.checkpoint import CheckpointError  # after --help
+    from trainer.data import prepare
 
     started = time.perf_counter()
     try:
         options = TrainOptions(corpus=args.corpus, eval_corpus=args.eval_corpus, output=args.cache_dir / "unused",
-                               vocab_size=args.vocab_size, tokenizer_sample=args.tokenizer_sample,
+                               init_from=args.init_from, vocab_size=args.vocab_size, tokenizer_sample=args.tokenizer_sample,
                                cache_dir=args.cache_dir, workers=args.workers, progress=False)
         data = prepare(options)
-    except (CorpusError, ValueError, OSError) as exc:
+    except (CorpusError, CheckpointError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     report = {**data.description, "vocab_size": data.tokenizer.vocab_size,

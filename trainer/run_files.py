@@ -25,7 +25,8 @@ def earlier_stage(init_from: Path) -> dict | None:
     """What an --init-from run continues: the earlier run's command, options, progress and evaluation
     (and, nested, whatever that one continued), so that a model card can tell the whole training."""
     earlier = read_metadata(Path(init_from))
-    return {key: earlier.get(key) for key in ("command", "options", "progress", "device", "eval", "started_from")} \
+    return {key: earlier.get(key) for key in ("command", "options", "progress", "device", "eval", "started_from",
+                                              "warm_start")} \
         if earlier else None
 
 
@@ -36,13 +37,16 @@ class RunFiles:
         self.metrics_path = output / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_from: dict | None = None  # see earlier_stage; set by start()
+        self.warm_start: dict | None = None  # a foreign starting checkpoint (trainer.warm_start.describe_source)
         if is_writer:
             _check_writable(output)
 
-    def start(self, resumed: bool, started_from: dict | None = None) -> None:
+    def start(self, resumed: bool, started_from: dict | None = None, warm_start: dict | None = None) -> None:
         """A resumed run continues its metrics; a new one starts them afresh. `started_from`: what the
-        run continues (earlier_stage), recorded in every checkpoint's metadata."""
+        run continues (earlier_stage), `warm_start`: the checkpoint it started from when we did not
+        train that one; both recorded in every checkpoint's metadata."""
         self.started_from = started_from
+        self.warm_start = warm_start
         if not self.is_writer:
             return
         if resumed:
@@ -72,6 +76,7 @@ class RunFiles:
             "torch_version": torch.__version__,
             "eval": final_eval,
             "started_from": self.started_from,
+            "warm_start": self.warm_start,
         }
 
     def save_resumable(self, model, optimizer, data, options, progress: Progress, device: torch.device) -> None:

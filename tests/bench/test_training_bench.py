@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from bench.train_peer import IGNORED, pad_to, transformers_twin
 from devkit.paths import REPO_ROOT
 from tests.conftest import random_model
+from trainer.step import pretraining_logits
 
 
 def test_peer_loss_equals_our_training_loss():
@@ -30,7 +31,7 @@ def test_peer_loss_equals_our_training_loss():
     positions[:, 3] = True
     nsp_labels = torch.tensor([0, 1, 1, 0])
 
-    mlm, nsp = ours.pretraining_logits(ids, types, mask, positions)
+    mlm, nsp, _ = pretraining_logits(ours, ids, types, mask, positions)
     our_loss = F.cross_entropy(mlm, ids[positions]) + F.cross_entropy(nsp, nsp_labels)
     labels = torch.where(positions, ids, IGNORED)
     width = 24  # the peer pads further, to --max-seq-len

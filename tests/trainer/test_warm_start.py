@@ -1,0 +1,161 @@
+"""--init-from any BERT encoder: heads created where absent, the encoder's sentence embeddings kept on
+request (--preserve-embeddings), the retention measure, and bad starting checkpoints refused up front."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from devkit.paths import REPO_ROOT
+from tests.conftest import random_model
+from tests.trainer.conftest import tiny_run_args
+from trainer.cli import main
+from trainer.retention import retention_metrics
+from trainer.step import mean_pooled, pretraining_logits
+
+VOCAB_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def encoder_directory(directory: Path, tokenizer, kind: str = "BertModel", seed: int = 3) -> Path:
+    """A directory as `transformers` writes it for BertModel / BertForMaskedLM (random weights, our vocabulary),
+    with a sentence-transformers-style model card naming its licence."""
+    source = random_model(tokenizer.vocab_size, seed=seed)
+    config = transformers.BertConfig(**source.config.to_dict())
+    model = getattr(transformers, kind)(config)
+    model.load_state_dict(source.state_dict(), strict=False)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save(directory)
+    (directory / "README.md").write_text("---\nlanguage: en\nlicense: apache-2.0\n---\n# an encoder\n")
+    return directory
+
+
+def run(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("kind", ["BertModel", "BertForMaskedLM"])
+def test_init_from_an_encoder_creates_the_missing_heads(tmp_path, tokenizer, small_corpus, small_eval_corpus, kind,
+                                                        caplog):
+    start = encoder_directory(tmp_path / "start", tokenizer, kind)
+    output = tmp_path / "out"
+    with caplog.at_level("INFO", logger="trainer"):
+        assert main(tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{
+            "--init-from": start, "--max-steps": 4, "--eval-every": 4})) == 0
+    said = " ".join(r.getMessage() for r in caplog.records if "--init-from" in r.getMessage())
+    assert "next-sentence head" in said
+    assert ("masked-LM head" in said) == (kind == "BertModel")
+    metadata = json.loads((output / "training_metadata.json").read_text())
+    assert metadata["warm_start"]["licence"] == "apache-2.0"
+    assert metadata["warm_start"]["architectures"] == [kind]
+    # transformers opens the result with every head, the decoder tied to the word embeddings
+    model = transformers.BertForPreTraining.from_pretrained(output)
+    assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
+    # the vocabulary is the starting checkpoint's, and the retention of its embeddings was measured
+    assert (output / "vocab.txt").read_text() == (start / "vocab.txt").read_text()
+    evaluation = metadata["eval"]
+    assert 0 <= evaluation["embedding_nn_agreement"] <= 1 and evaluation["embedding_sentences"] > 3
+    assert evaluation["embedding_mean_cosine"] > 0.5  # four small steps leave the encoder near where it was
+
+
+def test_preserving_embeddings_keeps_the_encoder_closer(tmp_path, tokenizer, small_corpus, small_eval_corpus):
+    """The same run with and without the term: the term must hold the sentence vectors nearer the start."""
+    start = encoder_directory(tmp_path / "start", tokenizer)
+    cosines = {}
+    for weight in (0, 20):
+        output = tmp_path / f"out-{weight}"
+        args = {"--init-from": start, "--max-steps": 12, "--eval-every": 12, "--lr": 3e-3, "--dropout": 0}
+        if weight:
+            args["--preserve-embeddings"] = weight
+        assert main(tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **args)) == 0
+        cosines[weight] = json.loads((output / "training_metadata.json").read_text())["eval"]["embedding_mean_cosine"]
+        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        assert all(("embedding_drift" in r) == bool(weight) for r in rows if "loss" in r)
+    assert cosines[20] > cosines[0] + 0.02, cosines
+
+
+def test_sentence_vectors_of_the_training_step_equal_the_full_forward():
+    model = random_model(300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids = torch.randint(5, 300, (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    types = torch.zeros_like(ids)
+    positions = torch.zeros_like(ids, dtype=torch.bool)
+    positions[:, 2] = True
+    full = model(ids, types, mask, mlm_positions=positions)
+    mlm, nsp, vectors = pretraining_logits(model, ids, types, mask, positions, with_sentence_vectors=True)
+    torch.testing.assert_close(mlm, full.mlm_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(nsp, full.nsp_logits, rtol=0, atol=1e-5)
+    row = full.last_hidden_state[1, :8].mean(0)  # the padded row: a mean over its 8 real tokens only
+    torch.testing.assert_close(vectors[1], row, rtol=0, atol=1e-5)
+    torch.testing.assert_close(vectors, mean_pooled(full.last_hidden_state, mask))
+
+
+def test_retention_metrics_tell_kept_from_lost_neighbourhoods():
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(60, 16))
+    reference /= np.linalg.norm(reference, axis=1, keepdims=True)
+    same = retention_metrics(reference, reference)
+    assert same["nn_agreement"] == 1.0 and same["similarity_spearman"] > 0.999 and same["mean_cosine"] > 0.999
+    nudged = reference + rng.normal(scale=0.05, size=reference.shape)
+    nudged /= np.linalg.norm(nudged, axis=1, keepdims=True)
+    near = retention_metrics(nudged, reference)
+    unrelated = rng.normal(size=reference.shape)
+    unrelated /= np.linalg.norm(unrelated, axis=1, keepdims=True)
+    far = retention_metrics(unrelated, reference)
+    assert 1.0 >= near["nn_agreement"] > 0.6 > far["nn_agreement"]
+    assert near["similarity_spearman"] > 0.8 > 0.3 > far["similarity_spearman"]
+    assert "mean_cosine" not in retention_metrics(reference[:, :8] / np.linalg.norm(reference[:, :8], axis=1,
+                                                                                   keepdims=True), reference)
+
+
+def _wrong_model_type(d: Path) -> str:
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
+    return "config.json: model_type is 'roberta'"
+
+
+def _no_vocab(d: Path) -> str:
+    for name in VOCAB_FILES:
+        (d / name).unlink(missing_ok=True)
+    return "vocab.txt"
+
+
+def _pickle_only(d: Path) -> str:
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    return "pytorch_model.bin"
+
+
+def _vocabulary_larger_than_the_matrix(d: Path) -> str:
+    config = json.loads((d / "config.json").read_text())
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(d / "model.safetensors")
+    rows = config["vocab_size"] - 50
+    for name in list(weights):
+        if name.endswith("word_embeddings.weight") or name.endswith("predictions.bias"):
+            weights[name] = weights[name][:rows].contiguous()
+    save_file(weights, d / "model.safetensors", metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps({**config, "vocab_size": rows}))
+    return "tokens but"
+
+
+@pytest.mark.parametrize("damage", [_wrong_model_type, _no_vocab, _pickle_only, _vocabulary_larger_than_the_matrix])
+def test_a_bad_starting_checkpoint_fails_before_anything_is_prepared_or_written(tmp_path, tokenizer, small_corpus,
+                                                                                small_eval_corpus, damage):
+    start = encoder_directory(tmp_path / "start", tokenizer)
+    expected = damage(start)
+    output, cache = tmp_path / "out", tmp_path / "cache"
+    result = run(tiny_run_args(small_corpus, small_eval_corpus, output, cache, **{"--init-from": start}))
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert expected in errors[0] and str(start) in errors[0], errors[0]
+    assert not output.exists() and not (cache / "sentences").exists()
