@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from model import PRESETS, BertConfig, BertForPreTraining
+from model.flops import count_parameters
 
 
 def parameter_table(vocab_sizes=(30522, 8192)) -> str:
@@ -24,9 +25,9 @@ def parameter_table(vocab_sizes=(30522, 8192)) -> str:
         counts = []
         for vocab in vocab_sizes:
             model = BertForPreTraining(BertConfig.preset(name, vocab_size=vocab))
-            counts.append(model.num_parameters())
+            counts.append(count_parameters(model))
         c = BertConfig.preset(name)
-        body = BertForPreTraining(BertConfig.preset(name, vocab_size=vocab_sizes[0])).num_parameters(exclude_embeddings=True)
+        body = count_parameters(BertForPreTraining(BertConfig.preset(name, vocab_size=vocab_sizes[0])), exclude_embeddings=True)
         lines.append(f"| {name} | {c.num_hidden_layers}/{c.hidden_size}/{c.num_attention_heads}/{c.intermediate_size} | "
                      + " | ".join(f"{n / 1e6:.2f} M" for n in counts) + f" | {body / 1e6:.2f} M |")
     return "\n".join(lines)

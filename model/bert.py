@@ -99,11 +99,9 @@ class BertSelfAttention(nn.Module):
     def _attend_each(self, qkv: torch.Tensor, packing: Packing) -> torch.Tensor:
         """Packed (N, 3H) query | key | value -> (N, H), one attention call per sequence, unpadded.
 
-        On CPU, attention over the padded (B, T) layout costs B * T^2 where each sequence needs only
-        its own length squared: for a batch of 20 wiki.test sentences (mean 30 tokens, longest 40 to
-        100) one layer's padded call took 5.1 ms on one core, the 20 calls on each sequence's own
-        span 1.5 ms (Packing.attend_each_on_cpu weighs the two). On a GPU one padded call wins: many
-        small kernel launches would cost more than the padding.
+        On CPU, padded attention costs B * T^2 where the sequences need only the sum of their L^2: for 20
+        wiki.test sentences one layer's padded call took 5.1 ms on one core, 20 per-sequence calls 1.5 ms
+        (Packing.attend_each_on_cpu weighs the two). On a GPU one padded call wins (launch costs).
         """
         hidden = qkv.shape[-1] // 3
         # CPU attention runs faster in float32 than in bfloat16 at these lengths, enough to pay for the
@@ -298,21 +296,19 @@ class PreTrainingOutput:
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with its pre-training heads; any of pooler, MLM head and NSP head may be left out."""
+    """BERT with its pre-training heads; any of pooler, MLM head and NSP head may be left out. With
+    `num_labels`, also the sequence-classification head of a `BertForSequenceClassification` checkpoint
+    (a classifier or cross-encoder): `classifier`, a Linear over the pooled [CLS] vector."""
 
-    def __init__(
-        self,
-        config: BertConfig,
-        with_pooler: bool = True,
-        with_mlm: bool = True,
-        with_nsp: bool = True,
-    ):
+    def __init__(self, config: BertConfig, with_pooler: bool = True, with_mlm: bool = True, with_nsp: bool = True,
+                 num_labels: int = 0):
         super().__init__()
-        if with_nsp and not with_pooler:
-            raise ValueError("the next-sentence head needs the pooler")
+        if (with_nsp or num_labels) and not with_pooler:
+            raise ValueError("the next-sentence and classification heads need the pooler")
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=with_pooler)
         self.cls = BertPreTrainingHeads(config, with_mlm=with_mlm, with_nsp=with_nsp)
+        self.classifier = nn.Linear(config.hidden_size, num_labels) if num_labels else None
         self.apply(self._init_weights)
         self.tie_weights()
 
@@ -325,6 +321,10 @@ class BertForPreTraining(nn.Module):
     @property
     def has_nsp_head(self) -> bool:
         return self.cls.seq_relationship is not None
+
+    @property
+    def num_labels(self) -> int:
+        return self.classifier.out_features if self.classifier is not None else 0
 
     def tie_weights(self) -> None:
         """The decoder shares the word embeddings and the head's bias (also after loading replaces them)."""
@@ -374,6 +374,12 @@ class BertForPreTraining(nn.Module):
         """(B, H) last-layer [CLS] vectors -> (B, 2) next-sentence logits, through the pooler."""
         return self.nsp_logits(self.bert.pooler.pool(cls_vectors))
 
+    def class_logits_from_cls(self, cls_vectors: torch.Tensor) -> torch.Tensor:
+        """(B, H) last-layer [CLS] vectors -> (B, num_labels) classifier logits, through the pooler."""
+        if self.classifier is None:
+            raise RuntimeError("this checkpoint has no classification head")
+        return self.classifier(self.bert.pooler.pool(cls_vectors))
+
     def encode_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
         """Packed (N,) ids -> (N, H) last hidden states, computed without padding (see Packing)."""
         return self.bert.forward_packed(input_ids, token_type_ids, packing)
@@ -389,18 +395,6 @@ class BertForPreTraining(nn.Module):
         mlm = self.mlm_logits(hidden, mlm_positions) if self.has_mlm_head else None
         nsp = self.nsp_logits(pooled) if self.has_nsp_head else None
         return PreTrainingOutput(hidden, pooled, mlm, nsp)
-
-    def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        seen: set[int] = set()
-        total = 0
-        for name, param in self.named_parameters():
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            if exclude_embeddings and "embeddings" in name:
-                continue
-            total += param.numel()
-        return total
 
 
 __all__ = ["BertForPreTraining", "BertModel", "PreTrainingOutput", "key_padding_mask"]

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from model.bert import BertForPreTraining
 from model.config import BertConfig, ConfigError
 from model.files import read_json_object
+from model.labels import LabelSpec
 from model.pooling import PoolingConfigError, PoolingRecipe, read_pooling
 from model.tokenizer import TokenizerError, WordPieceTokenizer
 
@@ -54,6 +55,7 @@ class Checkpoint:
     tokenizer: WordPieceTokenizer
     metadata: dict[str, Any] = field(default_factory=dict)
     pooling: PoolingRecipe = field(default_factory=lambda: PoolingRecipe("mean", False, "default"))
+    labels: LabelSpec | None = None  # a sequence classifier's (cross-encoder's) labels and scoring rule
 
 
 # ---- names ---------------------------------------------------------------------------------------
@@ -208,8 +210,9 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
 ) -> Checkpoint:
-    """Open a checkpoint written by us or by `transformers` for BertForPreTraining, BertForMaskedLM
-    or BertModel. Heads the checkpoint does not have are left out of the model, not invented."""
+    """Open a checkpoint written by us or by `transformers` for BertForPreTraining, BertForMaskedLM,
+    BertModel or BertForSequenceClassification. Heads the checkpoint does not have are left out of the
+    model, not invented."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
@@ -224,6 +227,13 @@ def load_checkpoint(
         tensors.pop(name, None)
 
     weights_path = directory / WEIGHTS_FILE
+    num_labels = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
+    if num_labels and "bert.pooler.dense.weight" not in tensors:
+        raise CheckpointError(f"{weights_path}: a classifier head but no pooler (bert.pooler.dense.*)")
+    try:
+        labels = LabelSpec.from_config(config, num_labels) if num_labels else None
+    except ConfigError as exc:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
     # Built on the meta device: random initialisation would be overwritten anyway (2 s for base).
     with torch.device("meta"):
         model = BertForPreTraining(
@@ -231,6 +241,7 @@ def load_checkpoint(
             with_pooler="bert.pooler.dense.weight" in tensors,
             with_mlm=any(name.startswith("cls.predictions.") for name in tensors),
             with_nsp="cls.seq_relationship.weight" in tensors and "bert.pooler.dense.weight" in tensors,
+            num_labels=num_labels,
         )
     expected = {name: p for name, p in model.state_dict().items() if name not in TIED_KEYS}
     missing = sorted(set(expected) - set(tensors))
@@ -268,7 +279,7 @@ def load_checkpoint(
         pooling = read_pooling(directory)
     except PoolingConfigError as exc:
         raise CheckpointError(str(exc)) from None
-    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory), pooling)
+    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory), pooling, labels)
 
 
 def read_metadata(directory: Path) -> dict[str, Any]:

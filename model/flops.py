@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from model.config import BertConfig
 
 
@@ -35,3 +37,17 @@ def packed_batch_flops(config: BertConfig, count: int, longest: int, real: int, 
     pair = _attention_flops_per_pair(config)
     computed_pairs = real_squares if attention_per_sequence else count * longest ** 2
     return float(_dense_flops_per_token(config) * real + pair * computed_pairs), float(pair * (computed_pairs - real_squares))
+
+
+def count_parameters(model: torch.nn.Module, exclude_embeddings: bool = False) -> int:
+    """Parameters of a model, each tied tensor once (the MLM decoder shares the word embeddings)."""
+    seen: set[int] = set()
+    total = 0
+    for name, param in model.named_parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        if exclude_embeddings and "embeddings" in name:
+            continue
+        total += param.numel()
+    return total

@@ -9,7 +9,7 @@ when mean-pooled. Without those files, mean pooling is the default (what most BE
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from model.files import read_json_object
@@ -26,9 +26,32 @@ class PoolingRecipe:
     mode: str  # "mean" or "cls"
     normalize: bool  # the pipeline ends in a Normalize module
     source: str  # where the recipe came from, for /info
+    # sentence-transformers prompts (config_sentence_transformers.json): name -> text put before each input
+    prompts: tuple[tuple[str, str], ...] = ()
+    default_prompt_name: str | None = None
+
+
+PROMPTS_FILE = "config_sentence_transformers.json"
+
+
+def read_prompts(directory: Path) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """(prompts, default prompt name) from sentence-transformers' config; none when it has none."""
+    config = read_json_object(directory / PROMPTS_FILE, PoolingConfigError)
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise PoolingConfigError(f"{directory / PROMPTS_FILE}: prompts must map names to texts")
+    default = config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise PoolingConfigError(f"{directory / PROMPTS_FILE}: default_prompt_name {default!r} is not a prompt")
+    return tuple(sorted(prompts.items())), default
 
 
 def read_pooling(directory: Path) -> PoolingRecipe:
+    prompts, default_prompt = read_prompts(directory)
+    return replace(_read_pooling_modules(directory), prompts=prompts, default_prompt_name=default_prompt)
+
+
+def _read_pooling_modules(directory: Path) -> PoolingRecipe:
     modules_file = directory / "modules.json"
     if not modules_file.is_file():
         return PoolingRecipe("mean", False, "default (no sentence-transformers modules.json)")

@@ -86,6 +86,8 @@ class WordPieceTokenizer:
         # service encodes from several threads, so each mode gets its own immutable instance.
         self._truncating = Tokenizer.from_str(backend.to_str())
         self._truncating.enable_truncation(model_max_length, strategy="longest_first")
+        self._truncating_left = Tokenizer.from_str(backend.to_str())  # keeps the ends of long texts
+        self._truncating_left.enable_truncation(model_max_length, strategy="longest_first", direction="left")
         self._vocab_list: list[str] | None = None
 
     # ---- construction --------------------------------------------------------------------------
@@ -199,10 +201,12 @@ class WordPieceTokenizer:
     def encode(self, text: str, pair: str | None = None, truncate: bool = False) -> EncodedText:
         return self.encode_batch([text if pair is None else (text, pair)], truncate=truncate)[0]
 
-    def encode_batch(self, inputs: Sequence[str | tuple[str, str]], truncate: bool = False) -> list[EncodedText]:
+    def encode_batch(self, inputs: Sequence[str | tuple[str, str]], truncate: bool = False,
+                     direction: str = "right") -> list[EncodedText]:
         """Encode texts or (a, b) pairs with special tokens. With `truncate`, pairs are cut
-        longest-first to `model_max_length`; without it, nothing is cut (callers check length)."""
-        backend = self._truncating if truncate else self._backend
+        longest-first to `model_max_length`, at their ends (`direction` right) or starts (left);
+        without it, nothing is cut (callers check length)."""
+        backend = (self._truncating if direction == "right" else self._truncating_left) if truncate else self._backend
         encodings = backend.encode_batch(list(inputs), add_special_tokens=True)
         return [_to_encoded(e) for e in encodings]
 

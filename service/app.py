@@ -12,7 +12,9 @@ from service.guards import Admission, BodyLimit, RequestMetrics
 from service.http_errors import install_error_handlers
 from service.pages import mount_assets, pages
 from service.routes import api, public
-from service.routes_openai import openai
+from service.routes_classify import classify
+from service.routes_openai import openai, openai_alias
+from service.routes_root import root
 from service.routes_tei import tei
 from service.runtime import Runtime
 from service.settings import Settings
@@ -58,7 +60,7 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
                   docs_url=None, redoc_url=None)  # served by service.pages from local assets
     app.state.runtime = runtime
     app.state.on_load_failure = None
-    routers = (public, api, openai, tei)
+    routers = (public, api, openai, openai_alias, tei, classify, root)
     for router in routers:
         app.include_router(router)
 

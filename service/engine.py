@@ -19,6 +19,8 @@ from model.bert import BertForPreTraining
 from model.flops import packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from service.tasks import (
+    ClassifyItem,
+    ClassLogits,
     EncodeItem,
     FillMaskItem,
     FillMaskScores,
@@ -28,6 +30,8 @@ from service.tasks import (
     NspLogits,
     PooledVector,
     Result,
+    SparseItem,
+    SparseVector,
     TokenVectors,
 )
 
@@ -79,6 +83,10 @@ class Engine:
     def has_nsp_head(self) -> bool:
         return self.model.has_nsp_head
 
+    @property
+    def num_labels(self) -> int:
+        return self.model.num_labels
+
     def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
         """(FLOPs of one packed batch, the part spent on padding): see `packed_batch_flops`."""
         per_sequence = self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares)
@@ -105,6 +113,8 @@ class Engine:
         self._encode_outputs(batch, hidden, packing, starts, results)
         self._fill_mask_outputs(batch, hidden, starts, results)
         self._nsp_outputs(batch, hidden, starts, results)
+        self._class_outputs(batch, hidden, starts, results)
+        self._sparse_outputs(batch, hidden, starts, results)
         return results
 
     # ---- heads ---------------------------------------------------------------------------------
@@ -169,6 +179,25 @@ class Engine:
         for slot, row in enumerate(rows):
             results[row] = NspLogits(logits[slot])
 
+    def _class_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int], results: list) -> None:
+        rows = [r for r, item in enumerate(batch.items) if isinstance(item, ClassifyItem)]
+        if not rows:
+            return
+        cls_vectors = hidden[torch.tensor([starts[r] for r in rows], device=hidden.device)]  # (R, H)
+        logits = self.model.class_logits_from_cls(cls_vectors).float().cpu().numpy()  # (R, num_labels)
+        for slot, row in enumerate(rows):
+            results[row] = ClassLogits(logits[slot])
+
+    def _sparse_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int], results: list) -> None:
+        """SPLADE weights: max over the item's tokens of log(1 + relu(MLM logits)), (V,) per item, kept sparse.
+        One item at a time: its (L, V) logits are the largest tensor any route makes."""
+        for row, item in enumerate(batch.items):
+            if isinstance(item, SparseItem):
+                logits = self.model.mlm_logits(hidden[starts[row] : starts[row] + len(item)]).float()  # (L, V)
+                weights = torch.log1p(torch.relu(logits)).amax(dim=0)  # (V,)
+                indices = weights.nonzero().squeeze(1)
+                results[row] = SparseVector(indices.cpu().numpy(), weights[indices].cpu().numpy())
+
     # ---- device housekeeping -------------------------------------------------------------------
 
     def release_cached_memory(self) -> None:
@@ -188,6 +217,8 @@ class Engine:
             items.append(FillMaskItem(one, [0] * 3, mask_positions=[1]))
         if self.has_nsp_head:
             items.append(NspItem(two, [0, 0, 0, 1, 1]))
+        if self.num_labels:
+            items.append(ClassifyItem(two, [0, 0, 0, 1, 1]))
         self.run(self.collate(items))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -7,7 +7,7 @@ This module imports nothing, so the batcher and the engine can raise these witho
 from __future__ import annotations
 
 KINDS = frozenset({
-    "validation", "unsupported", "unauthorized", "payload_too_large", "unsupported_media_type", "overloaded",
+    "validation", "empty", "unsupported", "unauthorized", "payload_too_large", "unsupported_media_type", "overloaded",
     "unavailable", "not_found", "method_not_allowed", "internal",
 })
 

@@ -19,9 +19,28 @@ from starlette.concurrency import run_in_threadpool
 from model.tokenizer import WordPieceTokenizer
 from service.batcher import Batcher, Ticket
 from service.errors import ServiceError
-from service.inputs import Limits, Piece, encode_items, fill_mask_items, nsp_items, tokenize_texts
+from service.inputs import (
+    Limits,
+    Piece,
+    Preparation,
+    classify_items,
+    encode_items,
+    fill_mask_items,
+    nsp_items,
+    sparse_items,
+    tokenize_texts,
+)
 from service.metrics import Metrics
-from service.tasks import FillMaskScores, Item, NspLogits, Pooling, PooledVector, TokenVectors
+from service.tasks import (
+    ClassLogits,
+    FillMaskScores,
+    Item,
+    NspLogits,
+    Pooling,
+    PooledVector,
+    SparseVector,
+    TokenVectors,
+)
 
 T = TypeVar("T")
 # A short request tokenizes in tens of microseconds, less than a hand-off to a thread and back costs;
@@ -59,9 +78,13 @@ class NspOutput:
         return self.score >= 0.5
 
 
+Waiter = Callable[[], Awaitable[None]] | None  # returns when the caller has gone (see _compute)
+
+
 class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, batcher: Batcher, limits: Limits, metrics: Metrics,
-                 queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool):
+                 queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
+                 classifier_pairs: bool = False):
         self.tokenizer = tokenizer
         self.batcher = batcher
         self.limits = limits
@@ -69,37 +92,115 @@ class FrontDoor:
         self.queue_timeout_s = queue_timeout_s
         self.has_mlm_head = has_mlm_head
         self.has_nsp_head = has_nsp_head
+        self.width = width  # the encoder's hidden size: the length of every vector
+        self.num_labels = num_labels  # outputs of a sequence classifier / cross-encoder head (0: none)
+        self.classifier_pairs = classifier_pairs  # whether the classifier reads [a, b] pairs (a cross-encoder)
+
+    def heads(self) -> str:
+        """What this checkpoint can do, for errors that refuse a route it cannot serve."""
+        names = ["encoder (embeddings)"] + (["masked-LM head"] if self.has_mlm_head else []) + \
+            (["next-sentence head"] if self.has_nsp_head else []) + \
+            ([f"classification head ({self.num_labels} outputs)"] if self.num_labels else [])
+        return ", ".join(names)
+
+    def _require(self, present: bool, route_needs: str) -> None:
+        if not present:
+            raise ServiceError("unsupported", f"{route_needs}; this checkpoint has: {self.heads()}")
 
     # ---- tasks ---------------------------------------------------------------------------------
 
-    async def encode(self, inputs, pooling: Pooling, normalize: bool, truncate: bool,
-                     gone: Callable[[], Awaitable[None]] | None = None, field: str = "inputs") -> list[EncodeOutput]:
-        """`field` is what error messages call the inputs (the request's own name for them)."""
+    async def encode(self, inputs, pooling: Pooling, normalize: bool, truncate: bool | Preparation,
+                     gone: Waiter = None, field: str = "inputs", dimensions: int | None = None) -> list[EncodeOutput]:
+        """`field` is what error messages call the inputs (the request's own name for them). `dimensions`
+        keeps the first N dimensions of pooled vectors, then normalises if asked (Matryoshka style)."""
+        prep = truncate if isinstance(truncate, Preparation) else Preparation(truncate)
+        if dimensions is not None and not 1 <= dimensions <= self.width:
+            raise ServiceError("validation", f"dimensions must be between 1 and this model's width {self.width}, "
+                                             f"got {dimensions}", param="dimensions")
+        shortened = dimensions is not None and dimensions < self.width and pooling != "none"
         items, tokens = await self._tokenize(inputs, lambda: encode_items(
-            self.tokenizer, inputs, pooling, normalize, truncate, self.limits, field))
+            self.tokenizer, inputs, pooling, normalize and not shortened, prep, self.limits, field))
         results = await self._compute(items, gone)
+        if shortened:
+            results = [PooledVector(_shorten(r.vector, dimensions, normalize)) for r in results]
         return [EncodeOutput(t, r) for t, r in zip(tokens, results)]
+
+    async def classify(self, entries: list, prep: Preparation, gone: Waiter = None,
+                       field: str = "inputs") -> list[np.ndarray]:
+        """(num_labels,) logits for each text or [a, b] pair, from the classification head."""
+        self._require(self.num_labels > 0, "this route needs a sequence-classification (cross-encoder) head")
+        if not self.classifier_pairs:
+            pair = next((i for i, e in enumerate(entries) if isinstance(e, list)), None)
+            if pair is not None:
+                raise ServiceError("validation", f"{field}[{pair}] is a pair, but this classifier reads single texts "
+                                                 "(serve it with --classifier-pairs yes if it was trained on pairs)",
+                                   param=field)
+        items = await self._tokenize(entries, lambda: classify_items(self.tokenizer, entries, prep, self.limits, field))
+        results: list[ClassLogits] = await self._compute(items, gone)
+        return [r.logits for r in results]
+
+    def check_query(self, query: str, prep: Preparation) -> None:
+        """A rerank query must fit the model on its own (with its pair it is cut only under truncate)."""
+        if not query.strip():
+            raise ServiceError("validation", "query is empty or whitespace only", param="query")
+        if len(query) > self.limits.max_input_chars:
+            raise ServiceError("validation", f"query has {len(query)} characters; the limit is "
+                                             f"{self.limits.max_input_chars}", param="query")
+        length = len(self.tokenizer.encode(query).ids)
+        if length > self.tokenizer.model_max_length and not prep.truncate:
+            raise ServiceError("validation", f"query is {length} tokens long; the model takes at most "
+                                             f"{self.tokenizer.model_max_length} (send truncate: true to cut it)",
+                               param="query")
+
+    async def sparse(self, inputs, prep: Preparation, gone: Waiter = None) -> list[SparseVector]:
+        """SPLADE weights over the vocabulary for each input, from the masked-LM head."""
+        self._require(self.has_mlm_head, "sparse embeddings need a masked-LM head")
+        items = await self._tokenize(inputs, lambda: sparse_items(self.tokenizer, inputs, prep, self.limits))
+        return await self._compute(items, gone)
+
+    async def similarity(self, source: str, sentences: list[str], pooling: Pooling, prep: Preparation,
+                         gone: Waiter = None) -> list[float]:
+        """Cosine similarity of `source` to each of `sentences`, all embedded in one request."""
+        if not sentences:
+            raise ServiceError("empty", "sentences is empty; send at least one sentence to compare",
+                               param="sentences")
+        outputs = await self.encode([source, *sentences], pooling, True, prep, gone, field="sentences")
+        vectors = np.stack([o.result.vector for o in outputs])  # (1 + S, H), normalised
+        return (vectors[1:] @ vectors[0]).astype(np.float64).tolist()
+
+    def decode(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """Token ids back to text (no model work)."""
+        if not sequences or not all(sequences):
+            raise ServiceError("empty", "ids is empty; send token ids to decode", param="ids")
+        if len(sequences) > self.limits.max_inputs_per_request:
+            raise ServiceError("validation", f"ids has {len(sequences)} entries; the limit is "
+                                             f"{self.limits.max_inputs_per_request} per request", param="ids")
+        size = self.tokenizer.vocab_size
+        for index, ids in enumerate(sequences):
+            bad = next((i for i in ids if not 0 <= i < size), None)
+            if bad is not None:
+                raise ServiceError("validation", f"ids[{index}] has token id {bad}, outside the vocabulary "
+                                                 f"(0 to {size - 1})", param="ids")
+        return [self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
 
     async def fill_mask(self, inputs, top_k: int, targets: list[str] | None, truncate: bool,
                         gone: Callable[[], Awaitable[None]] | None = None) -> list[list[MaskOutput]]:
-        if not self.has_mlm_head:
-            raise ServiceError("unsupported", "this checkpoint has no masked-LM head, so /fill-mask is not available")
+        self._require(self.has_mlm_head, "fill-mask needs a masked-LM head")
         items = await self._tokenize(inputs, lambda: fill_mask_items(
             self.tokenizer, inputs, top_k, targets, truncate, self.limits))
         results: list[FillMaskScores] = await self._compute(items, gone)
         return [self._predictions(item.input_ids, result) for item, result in zip(items, results)]
 
     async def nsp(self, inputs, truncate: bool, gone: Callable[[], Awaitable[None]] | None = None) -> list[NspOutput]:
-        if not self.has_nsp_head:
-            raise ServiceError("unsupported", "this checkpoint has no next-sentence head, so /nsp is not available")
+        self._require(self.has_nsp_head, "next-sentence scores need a next-sentence head")
         items = await self._tokenize(inputs, lambda: nsp_items(self.tokenizer, inputs, truncate, self.limits))
         results: list[NspLogits] = await self._compute(items, gone)
         return [_nsp_output(r) for r in results]
 
-    async def tokenize(self, inputs, add_special_tokens: bool) -> list[list[Piece]]:
-        """Each input's tokens with ids and character offsets (no model work)."""
+    async def tokenize(self, inputs, add_special_tokens: bool, prompt: str = "") -> list[list[Piece]]:
+        """Each input's tokens with ids and character offsets (no model work); offsets count the prompt."""
         return await self._tokenize(inputs, lambda: tokenize_texts(self.tokenizer, inputs, add_special_tokens,
-                                                                   self.limits))
+                                                                   self.limits, prompt))
 
     # ---- the steps ---------------------------------------------------------------------------
 
@@ -147,6 +248,13 @@ class FrontDoor:
         return masks
 
 
+def _shorten(vector: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
+    vector = vector[:dimensions]
+    if normalize:
+        vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
+    return vector
+
+
 def _nsp_output(result: NspLogits) -> NspOutput:
     logits = result.logits.astype(np.float64)
     shifted = np.exp(logits - logits.max())
@@ -154,6 +262,9 @@ def _nsp_output(result: NspLogits) -> NspOutput:
 
 
 def _text_size(inputs) -> int:
+    """Characters of the request's texts (a token id counts as one)."""
     if isinstance(inputs, str):
         return len(inputs)
+    if isinstance(inputs, int):
+        return 1
     return sum(_text_size(i) for i in inputs)

@@ -5,8 +5,8 @@ each API's own clients understand it:
 - ours: `{"error": "...", "error_type": "<kind>"}`;
 - OpenAI-compatible routes (`/v1/...`): `{"error": {"message", "type", "param", "code"}}`, with the
   types OpenAI uses, so the official clients raise their own exception classes;
-- text-embeddings-inference routes (`/embed`, `/embed_all`, `/tokenize`): `{"error", "error_type"}`
-  with TEI's error types.
+- text-embeddings-inference routes (`/embed`, `/rerank`, ... and the root route): `{"error", "error_type"}`
+  with TEI's error types and statuses (400 for an empty request, as TEI's `empty`).
 No traceback, file path or FastAPI `{"detail": ...}` body leaves the service.
 """
 
@@ -26,6 +26,7 @@ log = logging.getLogger("service")
 
 STATUS = {
     "validation": 422,
+    "empty": 422,  # a request with nothing to compute; TEI and OpenAI answer it with 400
     "unsupported": 501,
     "unauthorized": 401,
     "payload_too_large": 413,
@@ -37,20 +38,24 @@ STATUS = {
     "internal": 500,
 }
 OPENAI_PREFIX = "/v1/"
-TEI_ROUTES = frozenset({"/embed", "/embed_all", "/tokenize"})
+OPENAI_ROUTES = frozenset({"/embeddings"})  # TEI serves OpenAI's route without /v1 too
+# TEI's routes, and the root route (TEI's and the Inference API's: huggingface_hub reads the "error" field).
+TEI_ROUTES = frozenset({"/embed", "/embed_all", "/embed_sparse", "/tokenize", "/decode", "/similarity", "/predict",
+                        "/rerank", "/", "/invocations"})
 # OpenAI's error types; its clients choose the exception class from the status.
-OPENAI_TYPES = {"validation": "invalid_request_error", "unauthorized": "authentication_error",
+OPENAI_TYPES = {"validation": "invalid_request_error", "empty": "invalid_request_error", "unauthorized": "authentication_error",
                 "overloaded": "rate_limit_error", "not_found": "not_found_error", "internal": "server_error",
                 "unavailable": "server_error"}
 # TEI's error types (text-embeddings-inference, router/src/http/types.rs ErrorType).
-TEI_TYPES = {"validation": "validation", "overloaded": "overloaded", "unavailable": "unhealthy",
+TEI_TYPES = {"validation": "validation", "empty": "empty", "overloaded": "overloaded", "unavailable": "unhealthy",
              "internal": "backend", "unsupported": "backend"}
 # OpenAI and TEI answer a bad request with 400 / 413 / 422 as their own servers do.
-OPENAI_STATUS = {"validation": 400}
+OPENAI_STATUS = {"validation": 400, "empty": 400}
+TEI_STATUS = {"empty": 400}
 
 
 def api_of(path: str) -> str:
-    if path.startswith(OPENAI_PREFIX):
+    if path.startswith(OPENAI_PREFIX) or path in OPENAI_ROUTES:
         return "openai"
     return "tei" if path in TEI_ROUTES else "ours"
 
@@ -63,8 +68,8 @@ def error_body(kind: str, message: str, path: str = "", param: str | None = None
         return OPENAI_STATUS.get(kind, STATUS[kind]), {"error": {
             "message": message, "type": OPENAI_TYPES.get(kind, "invalid_request_error"), "param": param, "code": code}}
     if api == "tei":
-        return STATUS[kind], {"error": message, "error_type": TEI_TYPES.get(kind, kind)}
-    return STATUS[kind], {"error": message, "error_type": kind}
+        return TEI_STATUS.get(kind, STATUS[kind]), {"error": message, "error_type": TEI_TYPES.get(kind, kind)}
+    return STATUS[kind], {"error": message, "error_type": "validation" if kind == "empty" else kind}
 
 
 def error_response(kind: str, message: str, path: str = "", retry_after_s: float | None = None,

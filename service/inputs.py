@@ -7,10 +7,12 @@ small requests (cheaper than a thread hop) and in a worker thread for large ones
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from model.pooling import PoolingRecipe
 from model.tokenizer import MASK, EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
-from service.tasks import EncodeItem, FillMaskItem, NspItem, Pooling
+from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, NspItem, Pooling, SparseItem
 
 
 @dataclass
@@ -26,11 +28,18 @@ def _as_list(inputs, is_single) -> list:
 
 def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
     if not texts:
-        raise ServiceError("validation", f"{field} is empty; send at least one input", param=field)
+        raise ServiceError("empty", f"{field} is empty; send at least one input", param=field)
     if len(texts) > limits.max_inputs_per_request:
         raise ServiceError("validation", f"{field} has {len(texts)} entries; the limit is "
                                          f"{limits.max_inputs_per_request} per request", param=field)
     for index, entry in enumerate(texts):
+        if is_token_ids(entry):
+            if len(entry) > limits.max_input_chars:
+                raise ServiceError("validation", f"{field}[{index}] has {len(entry)} token ids; the limit is "
+                                                 f"{limits.max_input_chars}", param=field)
+            continue
+        if isinstance(entry, list) and not entry:
+            raise ServiceError("validation", f"{field}[{index}] is an empty list", param=field)
         parts = entry if isinstance(entry, (list, tuple)) else [entry]
         for part in parts:
             if not part.strip():
@@ -42,23 +51,77 @@ def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
                 raise ServiceError("validation", f"{field}[{index}] contains a lone surrogate (not valid Unicode)", param=field)
 
 
-def _encode(tokenizer: WordPieceTokenizer, entries: list, truncate: bool, field: str = "inputs") -> list[EncodedText]:
-    encoded = tokenizer.encode_batch([tuple(e) if isinstance(e, list) else e for e in entries], truncate=truncate)
-    for index, e in enumerate(encoded):
+@dataclass(frozen=True)
+class Preparation:
+    """How a request's texts become tokens: cut when too long (and at which end), and a prompt (a
+    sentence-transformers prompt's text) put before each text."""
+
+    truncate: bool = False
+    direction: Literal["right", "left"] = "right"
+    prompt: str = ""
+
+
+def is_token_ids(value) -> bool:
+    """A non-empty list of integers: token ids of the served tokenizer (TEI's routes accept them)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def _encode(tokenizer: WordPieceTokenizer, entries: list, prep: Preparation, field: str = "inputs") -> list[EncodedText]:
+    texts = [e for e in entries if not is_token_ids(e)]
+    if prep.prompt:
+        texts = [prep.prompt + t if isinstance(t, str) else [prep.prompt + t[0], t[1]] for t in texts]
+    encoded = iter(tokenizer.encode_batch([tuple(e) if isinstance(e, list) else e for e in texts],
+                                          truncate=prep.truncate, direction=prep.direction))
+    out = [_from_ids(tokenizer, e, index, prep, field) if is_token_ids(e) else next(encoded)
+           for index, e in enumerate(entries)]
+    for index, e in enumerate(out):
         if len(e.ids) > tokenizer.model_max_length:
             raise ServiceError("validation", f"{field}[{index}] is {len(e.ids)} tokens long; the model takes at most "
                                              f"{tokenizer.model_max_length} (send truncate: true to cut it)", param=field)
-    return encoded
+    return out
 
 
-def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: Pooling, normalize: bool, truncate: bool,
+def _from_ids(tokenizer: WordPieceTokenizer, ids: list[int], index: int, prep: Preparation, field: str) -> EncodedText:
+    """Token ids as given (as text-embeddings-inference takes them: no special tokens added, so send what
+    /tokenize returns), checked against the vocabulary, cut like text when asked."""
+    size = tokenizer.vocab_size
+    bad = next((i for i in ids if not 0 <= i < size), None)
+    if bad is not None:
+        raise ServiceError("validation", f"{field}[{index}] has token id {bad}, outside the vocabulary "
+                                         f"(0 to {size - 1})", param=field)
+    limit = tokenizer.model_max_length
+    if prep.truncate and len(ids) > limit:
+        ids = ids[:limit] if prep.direction == "right" else ids[-limit:]
+    return EncodedText(ids=list(ids), type_ids=[0] * len(ids), tokens=[tokenizer.id_to_token(i) for i in ids],
+                       offsets=[(0, 0)] * len(ids), truncated=False)
+
+
+def _as_entries(inputs) -> list:
+    """A request's inputs as a list: one text, one token-id list, or a list of either (TEI's `Input`)."""
+    return [inputs] if isinstance(inputs, str) or is_token_ids(inputs) else list(inputs)
+
+
+def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: Pooling, normalize: bool, prep: Preparation,
                  limits: Limits, field: str = "inputs") -> tuple[list[EncodeItem], list[list[str]]]:
     """Items, and each input's tokens as text. `field` names the inputs in error messages."""
-    entries = _as_list(inputs, lambda x: isinstance(x, str))
+    entries = _as_entries(inputs)
     _check_texts(entries, limits, field)
-    encoded = _encode(tokenizer, entries, truncate, field)
+    encoded = _encode(tokenizer, entries, prep, field)
     items = [EncodeItem(e.ids, e.type_ids, pooling=pooling, normalize=normalize) for e in encoded]
     return items, [e.tokens for e in encoded]
+
+
+def sparse_items(tokenizer: WordPieceTokenizer, inputs, prep: Preparation, limits: Limits) -> list[SparseItem]:
+    entries = _as_entries(inputs)
+    _check_texts(entries, limits)
+    return [SparseItem(e.ids, e.type_ids) for e in _encode(tokenizer, entries, prep)]
+
+
+def classify_items(tokenizer: WordPieceTokenizer, entries: list, prep: Preparation, limits: Limits,
+                   field: str = "inputs") -> list[ClassifyItem]:
+    """Texts and [a, b] pairs (already a list) for a sequence classifier or cross-encoder."""
+    _check_texts(entries, limits, field)
+    return [ClassifyItem(e.ids, e.type_ids) for e in _encode(tokenizer, entries, prep, field)]
 
 
 def target_token_ids(tokenizer: WordPieceTokenizer, targets: list[str]) -> list[int]:
@@ -76,13 +139,14 @@ def target_token_ids(tokenizer: WordPieceTokenizer, targets: list[str]) -> list[
 
 def fill_mask_items(tokenizer: WordPieceTokenizer, inputs, top_k: int, targets: list[str] | None, truncate: bool,
                     limits: Limits) -> list[FillMaskItem]:
+    prep = Preparation(truncate)
     if not 1 <= top_k <= limits.max_top_k:
         raise ServiceError("validation", f"top_k must be between 1 and {limits.max_top_k}, got {top_k}")
     texts = _as_list(inputs, lambda x: isinstance(x, str))
     _check_texts(texts, limits)
     target_ids = None if targets is None else target_token_ids(tokenizer, targets)
     items = []
-    for index, e in enumerate(_encode(tokenizer, texts, truncate)):
+    for index, e in enumerate(_encode(tokenizer, texts, prep)):
         positions = [p for p, t in enumerate(e.ids) if t == tokenizer.mask_id]
         if not positions:
             raise ServiceError("validation", f"inputs[{index}] has no {MASK} token"
@@ -95,7 +159,7 @@ def fill_mask_items(tokenizer: WordPieceTokenizer, inputs, top_k: int, targets: 
 def nsp_items(tokenizer: WordPieceTokenizer, inputs, truncate: bool, limits: Limits) -> list[NspItem]:
     pairs = _as_list(inputs, lambda x: len(x) == 2 and all(isinstance(s, str) for s in x))
     _check_texts(pairs, limits)
-    return [NspItem(e.ids, e.type_ids) for e in _encode(tokenizer, pairs, truncate)]
+    return [NspItem(e.ids, e.type_ids) for e in _encode(tokenizer, pairs, Preparation(truncate))]
 
 
 @dataclass
@@ -107,9 +171,11 @@ class Piece:
     stop: int | None
 
 
-def tokenize_texts(tokenizer: WordPieceTokenizer, inputs, add_special_tokens: bool, limits: Limits) -> list[list[Piece]]:
+def tokenize_texts(tokenizer: WordPieceTokenizer, inputs, add_special_tokens: bool, limits: Limits,
+                   prompt: str = "") -> list[list[Piece]]:
     texts = _as_list(inputs, lambda x: isinstance(x, str))
     _check_texts(texts, limits)
+    texts = [prompt + text for text in texts]
     template = {tokenizer.cls_id, tokenizer.sep_id}
     out = []
     for text, e in zip(texts, tokenizer.encode_batch(texts)):
@@ -122,3 +188,16 @@ def tokenize_texts(tokenizer: WordPieceTokenizer, inputs, add_special_tokens: bo
                 pieces.append(Piece(token_id, text[start:stop], False, start, stop))
         out.append(pieces)
     return out
+
+
+def preparation(recipe: PoolingRecipe, truncate: bool | None, direction: str = "right",
+                prompt_name: str | None = None) -> Preparation:
+    """A request's Preparation; `prompt_name` must be one of the checkpoint's sentence-transformers
+    prompts (without one, its default prompt applies, as sentence-transformers does)."""
+    prompts = dict(recipe.prompts)
+    name = prompt_name if prompt_name is not None else recipe.default_prompt_name
+    if name is not None and name not in prompts:
+        known = ", ".join(repr(p) for p in sorted(prompts)) or "none (its sentence-transformers config defines none)"
+        raise ServiceError("validation", f"prompt_name {name!r} is not a prompt of this model; its prompts: {known}",
+                           param="prompt_name")
+    return Preparation(bool(truncate), "left" if direction.lower() == "left" else "right", prompts.get(name, ""))

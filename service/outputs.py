@@ -13,7 +13,7 @@ from service.frontdoor import EncodeOutput, MaskOutput, NspOutput
 from service.tasks import TokenVectors
 
 
-def json_response(payload: dict, status_code: int = 200, headers: dict | None = None) -> Response:
+def json_response(payload: dict | list, status_code: int = 200, headers: dict | None = None) -> Response:
     return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status_code,
                     media_type="application/json", headers=headers)
 

@@ -18,20 +18,22 @@ from service.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, O
 
 ERRORS = {status: {"model": OpenAIError} for status in (400, 401, 413, 415, 429, 500, 501, 503)}
 openai = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["OpenAI-compatible"])
+# text-embeddings-inference serves OpenAI's embeddings route without the /v1 prefix too.
+openai_alias = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["OpenAI-compatible"])
 
 
+@openai_alias.post("/embeddings", response_model=OpenAIEmbeddingsResponse, summary="Embeddings (OpenAI-compatible)")
 @openai.post("/embeddings", response_model=OpenAIEmbeddingsResponse, summary="Embeddings (OpenAI-compatible)")
 async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, door: Door, state: State) -> Response:
-    """Normalized sentence embeddings, pooled as the checkpoint says; `encoding_format` float or base64."""
+    """Normalized sentence embeddings, pooled as the checkpoint says; `encoding_format` float or base64;
+    `dimensions` keeps the first N and normalises again (Matryoshka). Also served at /embeddings."""
     if not isinstance(body.input, str) and any(not isinstance(x, str) for x in body.input):
         raise ServiceError("validation", "input must be a string or a list of strings; token-id arrays are not "
-                           "accepted (they would be ids of another tokenizer)", param="input")
-    width = state.checkpoint.config.hidden_size
-    if body.dimensions is not None and body.dimensions != width:
-        raise ServiceError("validation", f"dimensions {body.dimensions} is not supported: this model's embeddings "
-                           f"have {width} dimensions (leave dimensions out)", param="dimensions")
+                           "accepted: they are ids of OpenAI's tokenizer (tiktoken), not this model's. LangChain's "
+                           "OpenAIEmbeddings sends them by default: pass check_embedding_ctx_length=False to send "
+                           "text", param="input")
     outputs = await door.encode(body.input, state.checkpoint.pooling.mode, True, False, gone=client_gone(request),
-                                field="input")
+                                field="input", dimensions=body.dimensions)
     data = []
     for index, output in enumerate(outputs):
         vector = output.result.vector

@@ -73,6 +73,16 @@ def build_engine(checkpoint: Checkpoint, device: torch.device, precision: Precis
     return engine_factory(prepare_model(checkpoint.model, precision, checkpoint.tokenizer), device, precision.dtype)
 
 
+def reads_pairs(checkpoint: Checkpoint, setting: str) -> bool:
+    """Whether the checkpoint's classifier takes [a, b] pairs (see the classifier_pairs setting)."""
+    if checkpoint.labels is None or setting == "no":
+        return False
+    if setting == "yes":
+        return True
+    names = " ".join(checkpoint.labels.labels).lower()
+    return len(checkpoint.labels.labels) == 1 or "entail" in names or "contradict" in names
+
+
 def plan_compute(concurrent_batches: int, device: torch.device) -> int:
     """How many batches run at once; on CPU, also splits torch's threads between them."""
     if device.type != "cpu":
@@ -139,7 +149,8 @@ class Runtime:
         limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k)
         self.checkpoint, self.engine, self.batcher = checkpoint, engine, batcher
         self.frontdoor = FrontDoor(tokenizer, batcher, limits, self.metrics, s.queue_timeout_s,
-                                   engine.has_mlm_head, engine.has_nsp_head)
+                                   engine.has_mlm_head, engine.has_nsp_head, checkpoint.config.hidden_size,
+                                   engine.num_labels, reads_pairs(checkpoint, s.classifier_pairs))
         self.lifecycle.ready()
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, precision.name,
                  time.perf_counter() - started)
@@ -162,7 +173,8 @@ class Runtime:
             "model": self.model_name,
             "ready": self.lifecycle.is_ready,
             "config": checkpoint.config.to_dict() if checkpoint else None,
-            "heads": {"mlm": bool(engine and engine.has_mlm_head), "nsp": bool(engine and engine.has_nsp_head)},
+            "heads": {"mlm": bool(engine and engine.has_mlm_head), "nsp": bool(engine and engine.has_nsp_head),
+                      "classifier": bool(engine and engine.num_labels)},
             "device": str(engine.device) if engine else None,
             "dtype": self.precision.name if self.precision else None,
             "max_input_tokens": checkpoint.tokenizer.model_max_length if checkpoint else None,
@@ -170,11 +182,42 @@ class Runtime:
             "pooling": {"mode": checkpoint.pooling.mode, "normalize": checkpoint.pooling.normalize,
                         "source": checkpoint.pooling.source} if checkpoint else None,
         }
+        if checkpoint:
+            body.update(self._tei_info(checkpoint))
         training = {k: metadata.get(k) for k in ("eval", "data", "progress", "created", "command") if k in metadata}
         body["training"] = _file_names_only(training)
         body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
         body["limits"]["batch_tokens_in_force"] = self.batcher.policy.max_batch_tokens if self.batcher else None
         return body
+
+
+    def _tei_info(self, checkpoint: Checkpoint) -> dict:
+        """The fields text-embeddings-inference's /info has (its clients read them), beside ours."""
+        s, labels = self.settings, checkpoint.labels
+        if labels is not None:
+            id2label = dict(enumerate(labels.labels))
+            kind = "reranker" if len(labels.labels) == 1 else "classifier"
+            model_type = {kind: {"id2label": {str(i): n for i, n in id2label.items()},
+                                 "label2id": {n: i for i, n in id2label.items()}}}
+        else:
+            model_type = {"embedding": {"pooling": checkpoint.pooling.mode}}
+        return {
+            "model_id": self.model_name,
+            "model_sha": None,
+            "model_dtype": self.precision.name if self.precision else None,
+            "model_type": model_type,
+            "prompts": dict(checkpoint.pooling.prompts) or None,
+            "max_concurrent_requests": s.max_concurrent_requests,
+            "max_input_length": checkpoint.tokenizer.model_max_length,
+            "max_batch_tokens": self.batcher.policy.max_batch_tokens if self.batcher else s.max_batch_tokens,
+            "max_batch_requests": s.max_batch_size,
+            "max_client_batch_size": s.max_inputs_per_request,
+            "auto_truncate": False,
+            "tokenization_workers": 1,
+            "version": "0.1.0",
+            "sha": None,
+            "docker_label": None,
+        }
 
 
 def _file_names_only(value):

@@ -119,7 +119,8 @@ class OpenAIEmbeddingsRequest(Strict):
     model: Text | None = Field(None, description="Accepted and echoed as the served model's name.")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: JSON numbers; base64: little-endian float32 bytes (what the openai client asks for).")
-    dimensions: int | None = Field(None, description="Only the model's own width is accepted.")
+    dimensions: int | None = Field(None, description="Keep the first N dimensions, then normalise (Matryoshka style); "
+                                                     "1 to the model's width.")
     user: Text | None = Field(None, description="Accepted and ignored.")
 
 
@@ -150,40 +151,3 @@ class OpenAIErrorDetail(BaseModel):
 
 class OpenAIError(BaseModel):
     error: OpenAIErrorDetail
-
-
-# ---- text-embeddings-inference compatible (POST /embed, /embed_all, /tokenize) ----------------------
-
-
-class TeiEmbedRequest(Strict):
-    inputs: Text | list[Text] = Field(description="A text or a list of texts.", examples=["a crane is flying"])
-    normalize: bool = Field(True, description="Scale each vector to unit length.")
-    truncate: bool | None = Field(False, description="Cut inputs longer than the model's maximum instead of 422.")
-    truncation_direction: Literal["right", "Right"] = Field("right", description="Only right truncation is supported.")
-    prompt_name: None = Field(None, description="Prompts are not supported (must be null).")
-
-
-class TeiEmbedAllRequest(Strict):
-    inputs: Text | list[Text] = Field(description="A text or a list of texts.", examples=["a crane is flying"])
-    truncate: bool | None = Field(False, description="Cut inputs longer than the model's maximum instead of 422.")
-    truncation_direction: Literal["right", "Right"] = Field("right", description="Only right truncation is supported.")
-    prompt_name: None = Field(None, description="Prompts are not supported (must be null).")
-
-
-class TeiTokenizeRequest(Strict):
-    inputs: Text | list[Text] = Field(description="A text or a list of texts.", examples=["a crane is flying"])
-    add_special_tokens: bool = Field(True, description="Add [CLS] and [SEP].")
-    prompt_name: None = Field(None, description="Prompts are not supported (must be null).")
-
-
-class TeiToken(BaseModel):
-    id: int
-    text: str = Field(description="The input's characters for a word piece; the token itself for a special token.")
-    special: bool
-    start: int | None = Field(description="Character offset where the piece starts (null for special tokens).")
-    stop: int | None
-
-
-class TeiError(BaseModel):
-    error: str
-    error_type: str

@@ -43,7 +43,17 @@ class NspItem(Tokens):
     pass
 
 
-Item = EncodeItem | FillMaskItem | NspItem
+@dataclass
+class ClassifyItem(Tokens):
+    """A text or a pair for a sequence classifier / cross-encoder."""
+
+
+@dataclass
+class SparseItem(Tokens):
+    """A text for SPLADE-style sparse weights over the vocabulary (needs the MLM head)."""
+
+
+Item = EncodeItem | FillMaskItem | NspItem | ClassifyItem | SparseItem
 
 
 @dataclass
@@ -73,4 +83,15 @@ class NspLogits:
     logits: np.ndarray  # (2,): [is next, is random] (Hugging Face order)
 
 
-Result = TokenVectors | PooledVector | FillMaskScores | NspLogits
+@dataclass
+class ClassLogits:
+    logits: np.ndarray  # (num_labels,) float32
+
+
+@dataclass
+class SparseVector:
+    indices: np.ndarray  # (K,) vocabulary ids with a non-zero weight, ascending
+    values: np.ndarray  # (K,) float32 weights, max over tokens of log(1 + relu(MLM logit))
+
+
+Result = TokenVectors | PooledVector | FillMaskScores | NspLogits | ClassLogits | SparseVector

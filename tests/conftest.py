@@ -71,3 +71,35 @@ def small_eval_corpus(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "eval.tokens"
     path.write_text("".join(source[:200]), encoding="utf-8")
     return path
+
+
+def sequence_classifier(directory: Path, tokenizer: WordPieceTokenizer, num_labels: int, seed: int = 11,
+                        **config_fields) -> Path:
+    """A BertForSequenceClassification directory as `transformers` writes it (random weights, our vocabulary):
+    a cross-encoder with one output, or a classifier with named labels."""
+    import transformers
+
+    source = random_model(tokenizer.vocab_size, seed=seed)
+    config = transformers.BertConfig(**source.config.to_dict(), num_labels=num_labels, **config_fields)
+    torch.manual_seed(seed)
+    model = transformers.BertForSequenceClassification(config).eval()
+    model.bert.load_state_dict({k[len("bert."):]: v for k, v in source.state_dict().items() if k.startswith("bert.")})
+    with torch.no_grad():  # logits of a useful spread, so that sorting and activations are exercised
+        model.classifier.weight.normal_(0, 1.0)
+        model.classifier.bias.normal_(0, 0.5)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory, tokenizer) -> Path:
+    return sequence_classifier(tmp_path_factory.mktemp("ckpt") / "cross-encoder", tokenizer, num_labels=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory, tokenizer) -> Path:
+    return sequence_classifier(tmp_path_factory.mktemp("ckpt") / "classifier", tokenizer, num_labels=3,
+                               id2label={0: "negative", 1: "neutral", 2: "positive"},
+                               label2id={"negative": 0, "neutral": 1, "positive": 2},
+                               problem_type="single_label_classification")

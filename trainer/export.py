@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from model.flops import count_parameters
 
 CARD = """# {name}
 
@@ -160,7 +161,7 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
     nan = float("nan")
     return CARD.format(
         name=target.name, preset=options.get("preset", "?"), layers=config.num_hidden_layers, hidden=config.hidden_size,
-        heads=config.num_attention_heads, params=checkpoint.model.num_parameters(), vocab=config.vocab_size,
+        heads=config.num_attention_heads, params=count_parameters(checkpoint.model), vocab=config.vocab_size,
         size_mb=(target / "model.safetensors").stat().st_size / 1e6, dtype=metadata["exported_dtype"],
         sources=source_lines, train_tokens=data.get("train_tokens", 0), train_docs=data.get("train_documents", 0),
         eval=Path(str(data.get("eval", "?"))).name, eval_tokens=data.get("eval_tokens", 0),

@@ -178,7 +178,7 @@ async def test_health_info_metrics_and_docs(tiny_checkpoint):
         openapi = (await client.get("/openapi.json")).json()
         docs = await client.get("/docs")
     assert info["config"]["hidden_size"] == 64 and info["device"] == "cpu" and info["dtype"] == "float32"
-    assert info["heads"] == {"mlm": True, "nsp": True}
+    assert info["heads"] == {"mlm": True, "nsp": True, "classifier": False}
     assert info["limits"]["max_batch_tokens"] == 16384 and info["limits"]["api_key"] is None
     for name in ("bert_requests_total", "bert_request_failures_total", "bert_queue_depth", "bert_queue_time_seconds",
                  "bert_inference_seconds", "bert_batch_sequences", "bert_batch_tokens", "bert_batch_padding_fraction"):

@@ -65,8 +65,8 @@ def test_openai_client_both_encodings_equal_our_mean_normalized_vectors(server, 
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"input": [[101, 2023, 102]]}, ["token-id arrays"]),
-    ({"input": "x", "dimensions": 7}, ["dimensions 7", "64 dimensions"]),
+    ({"input": [[101, 2023, 102]]}, ["token-id arrays", "check_embedding_ctx_length=False"]),
+    ({"input": "x", "dimensions": 65}, ["dimensions must be between 1 and", "width 64", "got 65"]),
     ({"input": []}, ["input is empty"]),
     ({"input": ["ok", "   "]}, ["input[1] is empty"]),
     ({"input": "word " * 500}, ["input[0] is", "tokens long"]),
@@ -112,13 +112,13 @@ def test_tei_routes_answer_in_tei_shapes(server):
     bare = httpx.post(server + "/tokenize", json={"inputs": texts[1], "add_special_tokens": False},
                       headers=headers).json()
     assert bare == [pieces]
-    for path, body, status in (("/embed", {"inputs": []}, 422), ("/embed", {"inputs": 5}, 422),
-                               ("/embed", {"inputs": "a", "truncation_direction": "left"}, 422),
-                               ("/tokenize", {"inputs": "a", "prompt_name": "query"}, 422)):
+    for path, body, status, kind in (("/embed", {"inputs": []}, 400, "empty"), ("/embed", {"inputs": 5}, 422, "validation"),
+                                     ("/embed", {"inputs": "a", "truncation_direction": "up"}, 422, "validation"),
+                                     ("/tokenize", {"inputs": "a", "prompt_name": "query"}, 422, "validation")):
         response = httpx.post(server + path, json=body, headers=headers)
         assert response.status_code == status, response.text
         jsonschema_rs.validate(TEI_SHAPES["error"], response.json())
-        assert response.json()["error_type"] == "validation"
+        assert response.json()["error_type"] == kind
 
 
 def test_pooling_follows_the_sentence_transformers_config(tmp_path):
