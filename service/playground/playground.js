@@ -104,5 +104,32 @@ wire("sim-form", "sim-results", async (results) => {
   results.append(table);
 });
 
-call("/info").then((info) => { document.getElementById("model-name").textContent = info.model; })
-  .catch(() => { document.getElementById("model-name").textContent = "(send the API key to see it)"; });
+wire("rank-form", "rank-results", async (results) => {
+  const query = document.getElementById("rank-query").value;
+  const texts = document.getElementById("rank-texts").value.split("\n").map((s) => s.trim()).filter(Boolean);
+  const ranks = await call("/rerank", { query, texts, return_text: true });
+  for (const r of ranks) results.append(barRow(`${r.index + 1}. ${r.text}`, r.score, r.score.toFixed(3)));
+});
+
+wire("classify-form", "classify-results", async (results) => {
+  const text = document.getElementById("classify-text").value;
+  const labels = await call("/predict", { inputs: text });
+  for (const l of labels) results.append(barRow(l.label, l.score, `${(l.score * 100).toFixed(1)}%`));
+});
+
+// Show what the served checkpoint can do: fill-mask and NSP need those heads; a cross-encoder ranks, a
+// classifier classifies (model_type as text-embeddings-inference's /info says it).
+function showHeads(info) {
+  document.getElementById("model-name").textContent = info.model;
+  document.getElementById("fill-mask").hidden = !info.heads.mlm;
+  document.getElementById("nsp").hidden = !info.heads.nsp;
+  document.getElementById("rank").hidden = !("reranker" in info.model_type);
+  document.getElementById("classify").hidden = !("classifier" in info.model_type);
+}
+
+function loadInfo() {
+  call("/info").then(showHeads)
+    .catch(() => { document.getElementById("model-name").textContent = "(send the API key to see it)"; });
+}
+keyInput.addEventListener("change", loadInfo);
+loadInfo();

@@ -69,3 +69,27 @@ def test_playground_shows_bars_heatmap_and_the_apis_errors(url):
         page.wait_for_selector("#fill-mask .error:not([hidden])", timeout=30_000)
         assert page.locator("#fill-mask .error").inner_text() == "422: inputs[0] has no [MASK] token (validation)"
         assert page.outside_requests == []
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_url(tiny_cross_encoder):
+    process, url = start_service(tiny_cross_encoder)
+    yield url
+    process.kill()
+    process.wait()
+
+
+def test_playground_ranks_passages_for_a_cross_encoder(cross_encoder_url):
+    with offline_page() as page:
+        page.goto(cross_encoder_url + "/")
+        page.wait_for_selector("#rank:not([hidden])", timeout=30_000)
+        # what the checkpoint cannot do is not offered
+        assert page.locator("#fill-mask").is_hidden() and page.locator("#nsp").is_hidden()
+        assert page.locator("#classify").is_hidden()
+        page.click("#rank-form button")
+        page.wait_for_selector("#rank-results .bar-row", timeout=30_000)
+        labels = page.locator("#rank-results .bar-label").all_inner_texts()
+        scores = [float(s) for s in page.locator("#rank-results .bar-value").all_inner_texts()]
+        assert len(labels) == 4 and scores == sorted(scores, reverse=True)
+        assert sorted(label.split(". ", 1)[0] for label in labels) == ["1", "2", "3", "4"]
+        assert page.outside_requests == []
