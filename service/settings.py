@@ -19,8 +19,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="forbid", validate_default=True, env_ignore_empty=True)
 
     checkpoint: Path = Field(DEFAULT_CHECKPOINT, description=(
-        "Checkpoint directory to serve (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel "
-        "directory with model.safetensors). Default: the bundled mini model (pre-trained on English Wikipedia)."))
+        "Checkpoint directory to serve (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel/"
+        "BertForSequenceClassification directory with model.safetensors). Default: the bundled mini model (pre-trained on English Wikipedia)."))
     host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")
@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     queue_timeout_s: float = Field(30.0, gt=0, description=(
         "Deadline for an input to reach the device; past it the request gets 503 and the input is not computed."))
     max_concurrent_requests: int = Field(512, ge=1, description=(
-        "Requests on /encode, /fill-mask and /nsp handled at once; beyond it 429 with Retry-After at once, before "
+        "Requests on the computing routes (every POST) handled at once; beyond it 429 with Retry-After at once, before "
         "the body is read (like text-embeddings-inference's --max-concurrent-requests). Lower bounds the wait of "
         "accepted requests under a flood; higher lets more clients queue."))
     keep_alive_s: float = Field(75.0, gt=0, description=(

@@ -23,9 +23,14 @@ EXAMPLE = re.compile(
 NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
 
 
+# LangChain and LlamaIndex live in the clients' own environment (requirements/clients.txt).
+CLIENTS_PYTHON = os.environ.get("BERT_CLIENTS_PYTHON", str(REPO_ROOT / ".venv-clients" / "bin" / "python"))
+
+
 def run_example(language: str, command: str, url: str) -> str:
     command = command.replace("http://127.0.0.1:8000", url)
-    runner = ["bash", "-c"] if language == "bash" else [sys.executable, "-c"]
+    python = CLIENTS_PYTHON if re.search(r"^from (langchain|llama_index)", command, re.MULTILINE) else sys.executable
+    runner = ["bash", "-c"] if language == "bash" else [python, "-c"]
     result = subprocess.run([*runner, command], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
@@ -40,8 +45,10 @@ def same_up_to_rounding(shown: str, got: str) -> bool:
 def test_readme_examples_give_the_outputs_shown():
     text = README.read_text()
     examples = EXAMPLE.findall(text)
-    routes = {re.search(r"8000(/[a-z0-9_-]+)", c).group(1) for _, c, _, _ in examples}
-    assert routes >= {"/encode", "/fill-mask", "/nsp", "/health", "/embed", "/embed_all", "/tokenize", "/v1"}
+    routes = {re.search(r"8000(/[a-z0-9_-]+)?", c).group(1) for _, c, _, _ in examples}
+    assert routes >= {"/encode", "/fill-mask", "/nsp", "/health", "/embed", "/embed_all", "/tokenize", "/v1",
+                      "/embed_sparse", "/similarity", "/decode"}
+    assert any("InferenceClient" in c for _, c, _, _ in examples) and any("langchain" in c for _, c, _, _ in examples)
     process, url = start_service(DEFAULT_CHECKPOINT)
     try:
         outputs = [run_example(language, command, url) for language, command, _, _ in examples]
