@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from service.guards import Admission, BodyLimit, RequestMetrics
 from service.http_errors import install_error_handlers
-from service.pages import mount_assets, pages
+from service.pages import mount_assets, pages, playground_page
 from service.routes import api, public
 from service.routes_classify import classify
 from service.routes_openai import openai, openai_alias
@@ -74,6 +74,7 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
         return path if path in labels else "other"
 
     app.include_router(pages)
+    app.include_router(playground_page)
     mount_assets(app)
     install_error_handlers(app, on_error=lambda kind, request: runtime.metrics.failures.labels(
         route_label(request.url.path), kind).inc())

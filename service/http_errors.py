@@ -120,8 +120,13 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
         kind = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 401: "unauthorized"}.get(
             exc.status_code, "validation")
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-        # Starlette's own headers (the `Allow` list of a 405, RFC 9110) go out with our body.
-        return respond(request, kind, message.get(exc.status_code, str(exc.detail)), headers=exc.headers)
+        # Starlette's own headers go out with our body; a 405's `Allow` (RFC 9110) lists every method of the
+        # path (Starlette names only the last route it tried, and / has a page and an API route).
+        headers = dict(exc.headers or {})
+        documented = app.openapi()["paths"].get(request.url.path) if exc.status_code == 405 else None
+        if documented:
+            headers["Allow"] = ", ".join(sorted(method.upper() for method in documented))
+        return respond(request, kind, message.get(exc.status_code, str(exc.detail)), headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):

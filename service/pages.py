@@ -36,8 +36,13 @@ async def redoc() -> HTMLResponse:
                           with_google_fonts=False)
 
 
-@pages.get("/")
+# In the OpenAPI document, since POST / is an API route: GET on that path is this page, not an unknown method.
+playground_page = APIRouter(tags=["Pages"])
+
+
+@playground_page.get("/", response_class=HTMLResponse, summary="The playground (an HTML page for people)")
 async def playground() -> FileResponse:
+    """Fill-mask, next-sentence scores and similarity (rank or classify for a cross-encoder or classifier)."""
     return FileResponse(PLAYGROUND / "index.html", media_type="text/html")
 
 
