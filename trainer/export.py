@@ -20,8 +20,7 @@ from model.flops import count_parameters
 CARD = """# {name}
 
 A BERT `{preset}` model ({layers} layers, hidden size {hidden}, {heads} heads, {params:,} parameters,
-{vocab:,}-token WordPiece vocabulary) pre-trained from scratch by this project's trainer with masked-LM and
-next-sentence prediction. It is the service's bundled default model: small enough to ship in the repository
+{vocab:,}-token WordPiece vocabulary) {origin} with masked-LM and next-sentence prediction. It is the service's bundled default model: small enough to ship in the repository
 ({size_mb:.1f} MB in {dtype}), there so that `make serve` works with no download.
 
 ## How it was trained
@@ -48,7 +47,7 @@ next-sentence prediction. It is the service's bundled default model: small enoug
 | next-sentence accuracy | {nsp_accuracy:.1%} |
 | whole-word fill-mask accuracy, top-1 | {word_accuracy:.1%} |
 | ... always answering the most frequent of those words instead | {word_constant:.1%} (the model: {word_ratio:.2f}x that) |
-
+{retention}
 Pre-training metrics on {pairs:,} held-out pairs with {masked:,} masked tokens (fixed pairs and masks). Whole-word
 fill-mask: one word that is a single vocabulary piece masked in each of {word_sentences:,} held-out sentences, as
 users call `/fill-mask`.
@@ -138,6 +137,31 @@ def stage_commands(stages: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def warm_start_of(stages: list[dict]) -> dict | None:
+    """The foreign checkpoint the first run started from (--init-from a model we did not train), if any."""
+    return next((stage["warm_start"] for stage in stages if stage.get("warm_start")), None)
+
+
+def origin_words(warm: dict | None) -> str:
+    if warm is None:
+        return "pre-trained from scratch by this project's trainer"
+    new = ", ".join(warm.get("new_parts") or []) or "nothing"
+    return (f"continued by this project's trainer from `{warm['name']}` (licence: {warm.get('licence') or 'unknown'}; "
+            f"new at the start: {new})")
+
+
+def retention_rows(evaluation: dict) -> str:
+    """Rows for how well the sentence embeddings keep the starting encoder's (a warm start's evaluation)."""
+    if "embedding_nn_agreement" not in evaluation:
+        return ""
+    rows = [f"| sentence embeddings vs the starting encoder: nearest-neighbour agreement "
+            f"({evaluation['embedding_sentences']} held-out sentences) | {evaluation['embedding_nn_agreement']:.3f} |",
+            f"| ... rank correlation of pairwise similarities | {evaluation['embedding_similarity_spearman']:.3f} |"]
+    if "embedding_mean_cosine" in evaluation:
+        rows.append(f"| ... mean cosine to the starting encoder's vectors | {evaluation['embedding_mean_cosine']:.3f} |")
+    return "\n".join(rows) + "\n"
+
+
 def model_card(target: Path, metadata: dict, checkpoint) -> str:
     config = checkpoint.config
     options = metadata.get("options", {})
@@ -157,6 +181,10 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
     if any("CC BY-SA" in licence_of(f) for f in files):
         attribution += ("\n\nThe model weights are a derivative of CC BY-SA text and are shared under the same "
                         "licence (CC BY-SA 3.0).")
+    warm = warm_start_of(stages)
+    if warm is not None:
+        attribution = (f"- Starting weights: `{warm['name']}`, licence {warm.get('licence') or 'unknown'} (its own "
+                       f"model card names its training data).\n") + attribution
     word_constant = evaluation.get("whole_word_constant_accuracy", float("nan"))
     nan = float("nan")
     return CARD.format(
@@ -177,7 +205,8 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
         masked=evaluation.get("masked_tokens", 0), word_accuracy=evaluation.get("whole_word_accuracy", nan),
         word_constant=word_constant, word_ratio=evaluation.get("whole_word_vs_constant", nan),
         word_sentences=evaluation.get("whole_word_sentences", 0), examples=fill_mask_examples(checkpoint),
-        attribution=attribution, knowledge=what_it_knows(evaluation),
+        attribution=attribution, knowledge=what_it_knows(evaluation), origin=origin_words(warm),
+        retention=retention_rows(evaluation),
     )
 
 

@@ -25,6 +25,7 @@ from model.tokenizer import WordPieceTokenizer
 
 log = logging.getLogger("trainer")
 _LICENSE_LINE = re.compile(r"^license:\s*(\S+)\s*$", re.MULTILINE)
+_TITLE_LINE = re.compile(r"^# (.+)$", re.MULTILINE)
 
 
 @dataclass
@@ -76,14 +77,19 @@ def describe_source(directory: Path, new_parts: list[str]) -> dict:
     """Name, architecture and licence of the starting checkpoint, and its own training if we made it."""
     raw = read_json_object(directory / CONFIG_FILE, CheckpointError, missing_ok=False)
     card = directory / "README.md"
-    licence = None
+    licence = title = None
     if card.is_file():
-        found = _LICENSE_LINE.search(card.read_text(encoding="utf-8", errors="replace")[:4000])
+        text = card.read_text(encoding="utf-8", errors="replace")
+        found = _LICENSE_LINE.search(text[:4000])
         licence = found.group(1) if found else None
+        heading = _TITLE_LINE.search(text)
+        title = heading.group(1).strip() if heading else None
     earlier = read_metadata(directory)
     return {
         "directory": directory.name,
-        "name": raw.get("_name_or_path") or directory.name,
+        # The model card's title names the model (a config's _name_or_path names what it was trained from).
+        "name": title or directory.name,
+        "config_name_or_path": raw.get("_name_or_path"),
         "architectures": raw.get("architectures"),
         "licence": licence,
         "new_parts": new_parts,

@@ -63,6 +63,11 @@ def test_init_from_an_encoder_creates_the_missing_heads(tmp_path, tokenizer, sma
     evaluation = metadata["eval"]
     assert 0 <= evaluation["embedding_nn_agreement"] <= 1 and evaluation["embedding_sentences"] > 3
     assert evaluation["embedding_mean_cosine"] > 0.5  # four small steps leave the encoder near where it was
+    from trainer.export import export
+
+    card = (export(output, tmp_path / "exported", torch.float16) / "README.md").read_text()
+    assert "continued by this project's trainer from `an encoder`" in card and "licence: apache-2.0" in card
+    assert "Starting weights: `an encoder`, licence apache-2.0" in card and "nearest-neighbour agreement" in card
 
 
 def test_preserving_embeddings_keeps_the_encoder_closer(tmp_path, tokenizer, small_corpus, small_eval_corpus):

@@ -1,0 +1,72 @@
+"""A cloze probe of plain sentences: does a checkpoint's fill-mask answer them sensibly?
+
+The sentences (bench/data/cloze.tsv, written for this project: facts, syntax, common collocations) each
+have one [MASK] and the answers a reader would accept. For each checkpoint: top-1 and top-5 hits, and
+every sentence's top answers. Computed in-process the way /fill-mask computes them (softmax over the
+whole vocabulary at the mask).
+
+    python -m bench.cloze checkpoints/mini-wikipedia runs/warm --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from model import load_checkpoint
+
+PROBE = Path(__file__).with_name("data") / "cloze.tsv"
+
+
+def read_probe(path: Path = PROBE) -> list[tuple[str, set[str]]]:
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line and not line.startswith("#"):
+            sentence, answers = line.split("\t")
+            rows.append((sentence, {a.strip() for a in answers.split(",")}))
+    return rows
+
+
+@torch.inference_mode()
+def probe(directory: Path, top_k: int = 5) -> dict:
+    checkpoint = load_checkpoint(directory)
+    model, tokenizer = checkpoint.model.float().eval(), checkpoint.tokenizer
+    rows, top1, top5 = [], 0, 0
+    for sentence, answers in read_probe():
+        encoded = tokenizer.encode(sentence)
+        ids = torch.tensor([encoded.ids])
+        hidden, _ = model.bert(ids, torch.tensor([encoded.type_ids]))
+        probs = model.mlm_logits(hidden, ids == tokenizer.mask_id).softmax(-1)[0]
+        scores, best = probs.topk(top_k)
+        tokens = [tokenizer.id_to_token(int(t)) for t in best]
+        hit1, hit5 = tokens[0] in answers, any(t in answers for t in tokens)
+        top1, top5 = top1 + hit1, top5 + hit5
+        rows.append({"sentence": sentence, "top": [(t, round(float(s), 3)) for t, s in zip(tokens, scores)],
+                     "top1_hit": hit1, "top5_hit": hit5})
+    return {"checkpoint": directory.name, "sentences": len(rows), "top1": top1 / len(rows), "top5": top5 / len(rows),
+            "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", type=Path, nargs="+")
+    parser.add_argument("--markdown", action="store_true", help="print a table per checkpoint instead of JSON")
+    args = parser.parse_args()
+    results = [probe(c) for c in args.checkpoints]
+    if not args.markdown:
+        print(json.dumps(results, indent=1))
+        return
+    for result in results:
+        print(f"\n{result['checkpoint']}: top-1 {result['top1']:.0%}, top-5 {result['top5']:.0%} "
+              f"of {result['sentences']} sentences\n")
+        print("| sentence | top 5 | hit |\n| --- | --- | --- |")
+        for row in result["rows"]:
+            hit = "top-1" if row["top1_hit"] else "top-5" if row["top5_hit"] else ""
+            print(f"| `{row['sentence']}` | {', '.join(t for t, _ in row['top'])} | {hit} |")
+
+
+if __name__ == "__main__":
+    main()
