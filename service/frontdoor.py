@@ -109,11 +109,10 @@ class FrontDoor:
 
     # ---- tasks ---------------------------------------------------------------------------------
 
-    async def encode(self, inputs, pooling: Pooling, normalize: bool, truncate: bool | Preparation,
-                     gone: Waiter = None, field: str = "inputs", dimensions: int | None = None) -> list[EncodeOutput]:
+    async def encode(self, inputs, pooling: Pooling, normalize: bool, prep: Preparation, gone: Waiter = None,
+                     field: str = "inputs", dimensions: int | None = None) -> list[EncodeOutput]:
         """`field` is what error messages call the inputs (the request's own name for them). `dimensions`
         keeps the first N dimensions of pooled vectors, then normalises if asked (Matryoshka style)."""
-        prep = truncate if isinstance(truncate, Preparation) else Preparation(truncate)
         if dimensions is not None and not 1 <= dimensions <= self.width:
             raise ServiceError("validation", f"dimensions must be between 1 and this model's width {self.width}, "
                                              f"got {dimensions}", param="dimensions")
@@ -184,14 +183,14 @@ class FrontDoor:
         return [self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
 
     async def fill_mask(self, inputs, top_k: int, targets: list[str] | None, truncate: bool,
-                        gone: Callable[[], Awaitable[None]] | None = None) -> list[list[MaskOutput]]:
+                        gone: Waiter = None) -> list[list[MaskOutput]]:
         self._require(self.has_mlm_head, "fill-mask needs a masked-LM head")
         items = await self._tokenize(inputs, lambda: fill_mask_items(
             self.tokenizer, inputs, top_k, targets, truncate, self.limits))
         results: list[FillMaskScores] = await self._compute(items, gone)
         return [self._predictions(item.input_ids, result) for item, result in zip(items, results)]
 
-    async def nsp(self, inputs, truncate: bool, gone: Callable[[], Awaitable[None]] | None = None) -> list[NspOutput]:
+    async def nsp(self, inputs, truncate: bool, gone: Waiter = None) -> list[NspOutput]:
         self._require(self.has_nsp_head, "next-sentence scores need a next-sentence head")
         items = await self._tokenize(inputs, lambda: nsp_items(self.tokenizer, inputs, truncate, self.limits))
         results: list[NspLogits] = await self._compute(items, gone)
@@ -210,7 +209,7 @@ class FrontDoor:
         self.metrics.tokenize_seconds.observe(time.perf_counter() - started)
         return result
 
-    async def _compute(self, items: list[Item], gone: Callable[[], Awaitable[None]] | None) -> list:
+    async def _compute(self, items: list[Item], gone: Waiter) -> list:
         """Queue the items and wait for their results, or until `gone()` returns (the caller left)."""
         ticket = Ticket(deadline=time.monotonic() + self.queue_timeout_s)
         results = asyncio.ensure_future(asyncio.gather(*self.batcher.submit(items, ticket)))

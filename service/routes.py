@@ -11,6 +11,7 @@ from starlette.responses import Response
 from service.errors import ServiceError
 from service.frontdoor import FrontDoor
 from service.http_errors import STATUS
+from service.inputs import Preparation
 from service.outputs import encode_result, fill_mask_result, json_response, nsp_result
 from service.runtime import Runtime
 from service.schemas import (
@@ -73,7 +74,8 @@ public = APIRouter(tags=["Operations"])
 @api.post("/encode", response_model=EncodeResponse, summary="Contextual token embeddings")
 async def encode(body: EncodeRequest, request: Request, door: Door, state: State) -> Response:
     """The encoder's last hidden layer: one vector per token (special tokens included), or pooled by [CLS] or mean."""
-    outputs = await door.encode(body.inputs, body.pooling, body.normalize, body.truncate, gone=client_gone(request))
+    outputs = await door.encode(body.inputs, body.pooling, body.normalize, Preparation(body.truncate),
+                                gone=client_gone(request))
     return json_response({
         "model": state.model_name,
         "dim": state.checkpoint.config.hidden_size,

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
+from service.inputs import preparation
 from service.outputs import b64_floats, json_response
 from service.routes import Door, State, client_gone, require_api_key
 from service.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, OpenAIError
@@ -32,7 +33,8 @@ async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, door: Door
                            "accepted: they are ids of OpenAI's tokenizer (tiktoken), not this model's. LangChain's "
                            "OpenAIEmbeddings sends them by default: pass check_embedding_ctx_length=False to send "
                            "text", param="input")
-    outputs = await door.encode(body.input, state.checkpoint.pooling.mode, True, False, gone=client_gone(request),
+    prep = preparation(state.checkpoint.pooling, False)  # the checkpoint's default prompt, if it has one
+    outputs = await door.encode(body.input, state.checkpoint.pooling.mode, True, prep, gone=client_gone(request),
                                 field="input", dimensions=body.dimensions)
     data = []
     for index, output in enumerate(outputs):

@@ -142,3 +142,10 @@ def test_clients_against_a_served_cross_encoder(cross_encoder, tiny_cross_encode
     np.testing.assert_allclose(vectors, mean_pooled_reference(tiny_cross_encoder, TEXTS[:2]), atol=1e-4)
     similarity = client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
     assert len(similarity) == 2
+    # the embedding clients of LangChain and LlamaIndex keep working (the root classifies bare inputs, as TEI's
+    # does, so LangChain's Hugging Face class says `normalize` to ask for vectors)
+    want = mean_pooled_reference(tiny_cross_encoder, TEXTS)
+    answers = drive(cross_encoder, "langchain_openai_embeddings", "langchain_huggingface_embeddings_normalized",
+                    "llama_index_tei", "llama_index_openai_like")
+    for name, answer in answers.items():
+        np.testing.assert_allclose(answer["documents"], want, atol=1e-4, err_msg=name)

@@ -43,17 +43,24 @@ def langchain_openai_defaults(url: str, key: str) -> dict:
     return {"status": 200}
 
 
-def langchain_huggingface_embeddings(url: str, key: str) -> dict:
+def langchain_huggingface_embeddings(url: str, key: str, model_kwargs: dict | None = None) -> dict:
     """From 1.2.2 on, langchain-huggingface refuses a URL as `model` (earlier versions took the server's URL);
     the documented way is to hand it huggingface_hub clients pointed at the server."""
     from huggingface_hub import AsyncInferenceClient, InferenceClient
     from langchain_huggingface import HuggingFaceEndpointEmbeddings
 
-    embedder = HuggingFaceEndpointEmbeddings(model="bert-serve", huggingfacehub_api_token=key)
+    embedder = HuggingFaceEndpointEmbeddings(model="bert-serve", huggingfacehub_api_token=key,
+                                             model_kwargs=model_kwargs)
     embedder.client = InferenceClient(base_url=url, token=key)
     embedder.async_client = AsyncInferenceClient(base_url=url, token=key)
     return {"documents": embedder.embed_documents(TEXTS), "query": embedder.embed_query(TEXTS[0]),
             "async": asyncio.run(embedder.aembed_documents(TEXTS[:2]))}
+
+
+def langchain_huggingface_embeddings_normalized(url: str, key: str) -> dict:
+    """On a classifier or cross-encoder the root route classifies bare inputs (as TEI's does); a
+    feature-extraction field such as `normalize` asks for vectors instead."""
+    return langchain_huggingface_embeddings(url, key, model_kwargs={"normalize": True})
 
 
 def llama_index_tei(url: str, key: str) -> dict:
@@ -82,8 +89,8 @@ def inference_client_hub1(url: str, key: str) -> dict:
 
 
 CHECKS = {f.__name__: f for f in (langchain_openai_embeddings, langchain_openai_defaults,
-                                  langchain_huggingface_embeddings, llama_index_tei, llama_index_openai_like,
-                                  inference_client_hub1)}
+                                  langchain_huggingface_embeddings, langchain_huggingface_embeddings_normalized,
+                                  llama_index_tei, llama_index_openai_like, inference_client_hub1)}
 
 
 def main() -> None:
