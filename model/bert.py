@@ -384,13 +384,9 @@ class BertForPreTraining(nn.Module):
         """Packed (N,) ids -> (N, H) last hidden states, computed without padding (see Packing)."""
         return self.bert.forward_packed(input_ids, token_type_ids, packing)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        mlm_positions: torch.Tensor | None = None,
-    ) -> PreTrainingOutput:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, mlm_positions: torch.Tensor | None = None
+                ) -> PreTrainingOutput:
         hidden, pooled = self.bert(input_ids, token_type_ids, attention_mask)
         mlm = self.mlm_logits(hidden, mlm_positions) if self.has_mlm_head else None
         nsp = self.nsp_logits(pooled) if self.has_nsp_head else None
