@@ -137,6 +137,8 @@ def test_clients_against_a_served_cross_encoder(cross_encoder, tiny_cross_encode
     assert classified[0].label == "LABEL_0" and abs(classified[0].score - 1 / (1 + np.exp(-logit))) < 1e-4
     raw = client.text_classification(TEXTS[0], function_to_apply="none")
     assert abs(raw[0].score - logit) < 1e-4
+    async_classified = asyncio.run(AsyncInferenceClient(base_url=cross_encoder, token=KEY).text_classification(TEXTS[0]))
+    assert abs(async_classified[0].score - classified[0].score) < 1e-6
     # the cross-encoder's encoder still embeds, when the request asks for feature extraction
     vectors = client.feature_extraction(TEXTS[:2], normalize=True)
     np.testing.assert_allclose(vectors, mean_pooled_reference(tiny_cross_encoder, TEXTS[:2]), atol=1e-4)

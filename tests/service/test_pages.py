@@ -93,3 +93,22 @@ def test_playground_ranks_passages_for_a_cross_encoder(cross_encoder_url):
         assert len(labels) == 4 and scores == sorted(scores, reverse=True)
         assert sorted(label.split(". ", 1)[0] for label in labels) == ["1", "2", "3", "4"]
         assert page.outside_requests == []
+
+
+def test_playground_classifies_for_a_classifier(tiny_classifier):
+    process, url = start_service(tiny_classifier)
+    try:
+        with offline_page() as page:
+            page.goto(url + "/")
+            page.wait_for_selector("#classify:not([hidden])", timeout=30_000)
+            assert page.locator("#rank").is_hidden() and page.locator("#fill-mask").is_hidden()
+            page.click("#classify-form button")
+            page.wait_for_selector("#classify-results .bar-row", timeout=30_000)
+            labels = page.locator("#classify-results .bar-label").all_inner_texts()
+            shares = [float(s.rstrip("%")) for s in page.locator("#classify-results .bar-value").all_inner_texts()]
+            assert sorted(labels) == ["negative", "neutral", "positive"]
+            assert shares == sorted(shares, reverse=True) and abs(sum(shares) - 100) < 0.3  # softmax over labels
+            assert page.outside_requests == []
+    finally:
+        process.kill()
+        process.wait()
