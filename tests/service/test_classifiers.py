@@ -109,3 +109,13 @@ async def test_cross_encoder_bad_input_names_the_field_and_loses_nothing(tiny_cr
         assert (await client.post("/rerank", json={"query": QUERY, "texts": TEXTS})).json() == before
         unsupported = await client.post("/fill-mask", json={"inputs": "a [MASK]"})
         assert unsupported.status_code == 501 and "classification head (1 outputs)" in unsupported.json()["error"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+async def test_cross_encoder_in_faster_cpu_precisions_stays_close(tiny_cross_encoder, dtype):
+    """The classification head stays float32 (only encoder layers are quantized); scores move a little."""
+    want = sigmoid(reference_logits(tiny_cross_encoder, [[QUERY, t] for t in TEXTS])[:, 0])
+    async with serving(tiny_cross_encoder, dtype=dtype) as client:
+        ranks = (await client.post("/rerank", json={"query": QUERY, "texts": TEXTS})).json()
+    got = np.array([r["score"] for r in sorted(ranks, key=lambda r: r["index"])])
+    np.testing.assert_allclose(got, want, atol=0.02)
