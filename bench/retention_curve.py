@@ -22,7 +22,8 @@ CORPORA = ["enwiki-2015-core.txt.xz", "enwiki-2021-recent.txt.xz", "brown.txt.xz
 
 
 def run(weight: float, output: Path, args) -> dict:
-    command = [sys.executable, "-m", "trainer", *sum((["--corpus", str(WIKIPEDIA_DIR / c)] for c in CORPORA), []),
+    corpora = [arg for name in CORPORA for arg in ("--corpus", str(WIKIPEDIA_DIR / name))]
+    command = [sys.executable, "-m", "trainer", *corpora,
                "--eval-corpus", str(WIKITEXT_TEST), "--output", str(output), "--init-from", str(minilm_dir()),
                "--preserve-embeddings", str(weight), "--lr", str(args.lr), "--dropout", "0", "--mask-rate",
                str(args.mask_rate), "--batch-size", "32", "--max-steps", str(args.steps), "--warmup-fraction", "0.06",
@@ -35,8 +36,8 @@ def run(weight: float, output: Path, args) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| weight | steps | train min | whole-word top-1 | masked-token acc. | NSP acc. | NN agreement | "
-             "similarity rank corr. | mean cosine |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [("| weight | steps | train min | whole-word top-1 | masked-token acc. | NSP acc. | NN agreement | "
+              "similarity rank corr. | mean cosine |"), "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['weight']:g} | {r['steps']} | {r['minutes']:.1f} | {r['whole_word_accuracy']:.1%} | "
                      f"{r['mlm_accuracy']:.1%} | {r['nsp_accuracy']:.1%} | {r['embedding_nn_agreement']:.3f} | "

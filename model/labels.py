@@ -26,7 +26,7 @@ class LabelSpec:
     activation: Activation
 
     @classmethod
-    def from_config(cls, config: BertConfig, num_labels: int) -> "LabelSpec":
+    def from_config(cls, config: BertConfig, num_labels: int) -> LabelSpec:
         raw = config.extra.get("id2label") or {}
         try:
             names = {int(key): str(value) for key, value in raw.items()}

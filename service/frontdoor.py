@@ -36,8 +36,8 @@ from service.tasks import (
     FillMaskScores,
     Item,
     NspLogits,
-    Pooling,
     PooledVector,
+    Pooling,
     SparseVector,
     TokenVectors,
 )

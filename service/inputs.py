@@ -96,6 +96,11 @@ def _from_ids(tokenizer: WordPieceTokenizer, ids: list[int], index: int, prep: P
                        offsets=[(0, 0)] * len(ids), truncated=False)
 
 
+def is_pair(value) -> bool:
+    """A [text, text_pair] pair (a list of exactly two texts, as text-embeddings-inference reads it)."""
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)
+
+
 def _as_entries(inputs) -> list:
     """A request's inputs as a list: one text, one token-id list, or a list of either (TEI's `Input`)."""
     return [inputs] if isinstance(inputs, str) or is_token_ids(inputs) else list(inputs)

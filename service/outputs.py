@@ -42,3 +42,9 @@ def fill_mask_result(masks: list[MaskOutput]) -> dict:
 
 def nsp_result(output: NspOutput) -> dict:
     return {"is_next": output.is_next, "score": output.score, "logits": output.logits}
+
+
+def labelled(scores: np.ndarray, labels: tuple[str, ...]) -> list[dict]:
+    """[{score, label}] for one input of a classifier, best first."""
+    order = np.argsort(-scores, kind="stable")
+    return [{"score": float(scores[i]), "label": labels[i]} for i in order]

@@ -10,23 +10,13 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.inputs import preparation
-from service.outputs import json_response
+from service.inputs import is_pair, preparation
+from service.outputs import json_response, labelled
 from service.routes import Door, State, client_gone, require_api_key
 from service.routes_tei import ERRORS
 from service.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 
 classify = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["TEI-compatible"])
-
-
-def is_pair(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)
-
-
-def labelled(scores: np.ndarray, labels: tuple[str, ...]) -> list[dict]:
-    """[{score, label}] for one input, best first."""
-    order = np.argsort(-scores, kind="stable")
-    return [{"score": float(scores[i]), "label": labels[i]} for i in order]
 
 
 @classify.post("/predict", response_model=list[TeiPrediction] | list[list[TeiPrediction]],

@@ -29,10 +29,9 @@ from starlette.responses import Response
 from model.tokenizer import MASK
 from service.errors import ServiceError
 from service.frontdoor import FrontDoor
-from service.inputs import preparation
-from service.outputs import json_response
+from service.inputs import is_pair, preparation
+from service.outputs import json_response, labelled
 from service.routes import Door, State, client_gone, require_api_key
-from service.routes_classify import is_pair, labelled
 from service.routes_tei import ERRORS
 from service.schemas import Strict, Text
 from service.schemas_tei import Direction, TeiInput, TeiSimilarityRequest

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
-
 from devkit.paths import WIKITEXT_DIR
+from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
 
 
 def wikitext_lines(split: str = "valid", limit: int | None = None) -> list[str]:

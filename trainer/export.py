@@ -154,8 +154,8 @@ def retention_rows(evaluation: dict) -> str:
     """Rows for how well the sentence embeddings keep the starting encoder's (a warm start's evaluation)."""
     if "embedding_nn_agreement" not in evaluation:
         return ""
-    rows = [f"| sentence embeddings vs the starting encoder: nearest-neighbour agreement "
-            f"({evaluation['embedding_sentences']} held-out sentences) | {evaluation['embedding_nn_agreement']:.3f} |",
+    rows = [(f"| sentence embeddings vs the starting encoder: nearest-neighbour agreement "
+             f"({evaluation['embedding_sentences']} held-out sentences) | {evaluation['embedding_nn_agreement']:.3f} |"),
             f"| ... rank correlation of pairwise similarities | {evaluation['embedding_similarity_spearman']:.3f} |"]
     if "embedding_mean_cosine" in evaluation:
         rows.append(f"| ... mean cosine to the starting encoder's vectors | {evaluation['embedding_mean_cosine']:.3f} |")

@@ -30,8 +30,8 @@ from trainer.evaluate import build_eval_set, evaluate
 from trainer.examples import PairBatch, TrainingPairs, collate
 from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
 from trainer.options import TrainOptions
-from trainer.run_files import RunFiles, earlier_stage
 from trainer.retention import build_probe
+from trainer.run_files import RunFiles, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
 from trainer.step import PreTrainingStep, mean_pooled
 from trainer.warm_start import WarmStart, frozen_encoder, load_warm_start
