@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.tx
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.clients-$(shell cat requirements/clients.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke train-default train-mini-scratch retention-curve lock audit clean help
+.PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke train-default train-mini-scratch retention-curve gpu-wheels bench-gpu lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
 	@echo "make audit      pip-audit over the pinned dependencies"
+	@echo "make gpu-wheels then make bench-gpu  prove the GPU path on a CUDA machine (bench/gpu.py; offline, < 10 min)"
 	@echo "make test-docker  build the images, run compose (CPU) and the scale profile against a real Docker engine"
 	@echo "make train-default  re-train and export the bundled model (a warm start from all-MiniLM-L6-v2, hours on 2 CPU cores, resumable)"
 	@echo "make train-mini-scratch  the earlier from-scratch recipe (4 h in two stages), the baseline it is compared with"
@@ -111,6 +112,19 @@ train-mini-scratch: $(SERVE_STAMP)
 # The embedding-preservation trade-off (BENCHMARKS.md): the same warm start at several weights, equal steps.
 retention-curve: $(DEV_STAMP)
 	$(BIN)/python -m bench.retention_curve --work $(RUNS)/retention-curve $(ARGS)
+
+# The GPU path in one command (bench/gpu.py): on a CUDA machine, offline, under 10 minutes. Fetch its wheels first,
+# on a machine with a network, for the GPU machine's Python (GPU_PYTHON=3.12 ...): under 64 MiB in .whl/gpu.
+GPU_PYTHON ?= 3.11
+gpu-wheels:
+	rm -rf .whl/gpu && mkdir -p .whl/gpu
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+	  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	  -r requirements/gpu-extra.txt -d .whl/gpu
+	du -sh .whl/gpu
+
+bench-gpu:
+	$(PYTHON) -m bench.gpu $(ARGS)
 
 # Every package of the CUDA image, pinned for Linux x86-64 (run after `make lock`).
 lock-image: $(DEV_STAMP)

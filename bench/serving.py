@@ -157,8 +157,8 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
     return row
 
 
-def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[Row, tuple[int, int], float,
-                                                                               dict[tuple[int, int], float]]:
+def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_sizes=None
+                  ) -> tuple[Row, tuple[int, int], float, dict[tuple[int, int], float]]:
     """The engine alone on pre-tokenized batches of similar lengths: no HTTP, no queue.
 
     Every arrangement runs whole passes over all the inputs, visiting the batches in a shuffled
@@ -189,17 +189,18 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float) -> tuple[
         engine.run(batch)
         singles.append(time.perf_counter() - started)
     single_ms = float(np.median(singles)) * 1000
+    batch_sizes = batch_sizes or BATCH_SIZES
     cores = torch.get_num_threads()
     arrangements = [1] + ([cores] if device.type == "cpu" and cores > 1 else [])  # batches in parallel
     best = best_arrangement = None
     sweep: dict[tuple[int, int], float] = {}
     for parallel in arrangements:
         torch.set_num_threads(max(1, cores // parallel))
-        for batch_size in BATCH_SIZES:
+        for batch_size in batch_sizes:
             batches = [engine.collate(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
             random.Random(0).shuffle(batches)
             engine.run(batches[0])  # warm-up
-            seconds, passes = _whole_passes(engine, batches, parallel, duration / (len(BATCH_SIZES) * len(arrangements)))
+            seconds, passes = _whole_passes(engine, batches, parallel, duration / (len(batch_sizes) * len(arrangements)))
             costs = [(b.flops, b.padding_flops) for b in batches]
             done_sequences, done_tokens = passes * len(items), passes * sum(b.real_tokens for b in batches)
             row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds,
@@ -288,6 +289,8 @@ def main(argv=None) -> int:
                         help="the infinity_emb command (pip install 'infinity-emb[server,torch]' in its own "
                              "environment); the infinity row runs when it is named in --systems")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES),
+                        help="batch sizes the in-process limit tries")
     args = parser.parse_args(argv)
 
     from model import load_checkpoint
@@ -300,12 +303,13 @@ def main(argv=None) -> int:
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"device {'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
 
-    limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration)
+    limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes)
     print(f"# one forward pass of one input (median over lengths): {single_ms:.2f} ms")
     print("# in-process sequences/s by batch size: " + ", ".join(
         f"{arrangement_label(*arrangement)} {rate:.0f}" for arrangement, rate in sweep.items()))
-    unbatched = max(rate for (batch_size, _), rate in sweep.items() if batch_size == 1)
-    print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
+    unbatched = max((rate for (batch_size, _), rate in sweep.items() if batch_size == 1), default=None)
+    if unbatched:
+        print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
     rows = [limit]
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     for system in args.systems:
