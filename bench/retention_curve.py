@@ -27,7 +27,7 @@ def run(weight: float, output: Path, args) -> dict:
                "--eval-corpus", str(WIKITEXT_TEST), "--output", str(output), "--init-from", str(minilm_dir()),
                "--preserve-embeddings", str(weight), "--lr", str(args.lr), "--dropout", "0", "--mask-rate",
                str(args.mask_rate), "--batch-size", "32", "--max-steps", str(args.steps), "--warmup-fraction", "0.06",
-               "--eval-every", str(args.steps), "--save-every", str(args.steps), "--no-progress", "--resume"]
+               "--eval-every", str(args.steps), "--save-every", str(min(100, args.steps)), "--no-progress", "--resume"]
     started = time.perf_counter()
     subprocess.run(command, cwd=REPO_ROOT, check=True)
     metadata = json.loads((output / "training_metadata.json").read_text())
