@@ -27,7 +27,8 @@ def run(weight: float, output: Path, args) -> dict:
                "--eval-corpus", str(WIKITEXT_TEST), "--output", str(output), "--init-from", str(minilm_dir()),
                "--preserve-embeddings", str(weight), "--lr", str(args.lr), "--dropout", "0", "--mask-rate",
                str(args.mask_rate), "--batch-size", "32", "--max-steps", str(args.steps), "--warmup-fraction", "0.06",
-               "--eval-every", str(args.steps), "--save-every", str(min(100, args.steps)), "--no-progress", "--resume"]
+               "--eval-every", str(args.steps), "--save-every", str(min(100, args.steps)), "--no-progress", "--resume",
+               "--freeze-encoder-steps", str(args.freeze_encoder_steps)]
     started = time.perf_counter()
     subprocess.run(command, cwd=REPO_ROOT, check=True)
     metadata = json.loads((output / "training_metadata.json").read_text())
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--mask-rate", type=float, default=0.2)
+    parser.add_argument("--freeze-encoder-steps", type=int, default=0, help="as the trainer's flag")
     parser.add_argument("--work", type=Path, default=REPO_ROOT / "runs" / "retention-curve")
     args = parser.parse_args()
     rows = []

@@ -163,6 +163,8 @@ class Training:
         torch.manual_seed(options.seed)  # initial weights
         self.model = self._build_model(resume, warm).to(device).train()
         self.optimizer = build_optimizer(self.model, options, device)
+        # embeddings + encoder layers (the word embeddings are also the tied MLM decoder); heads and pooler not
+        self.encoder_params = [*self.model.bert.embeddings.parameters(), *self.model.bert.encoder.parameters()]
         self.pairs = TrainingPairs(self.data.train, options.max_seq_len, options.seed, options.short_seq_prob,
                                    self.data.weights)
         self.progress = Progress(cursors=self.pairs.initial_cursors())
@@ -327,6 +329,11 @@ class Training:
             totals["nsp_loss"] += nsp_sum.item()
             totals["mlm_correct"] += int((mlm_logits.argmax(-1) == labels).sum())
             totals["nsp_correct"] += int((nsp_logits.argmax(-1) == nsp_labels).sum())
+        if self.progress.step < options.freeze_encoder_steps:
+            # The fresh heads learn against the encoder as it is: its gradients are dropped, so the optimizer
+            # (AdamW skips parameters without one) neither moves nor decays it. DDP-safe: nothing is unhooked.
+            for param in self.encoder_params:
+                param.grad = None
         if options.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), options.clip_norm)
         self.optimizer.step()

@@ -36,6 +36,9 @@ class TrainOptions:
                                              "training batch and those of the frozen starting encoder, added to the "
                                              "loss, so continued MLM training keeps what a sentence-embedding model "
                                              "was good at. 0 turns it off; costs a forward pass of the frozen encoder.")
+    freeze_encoder_steps: int = option(0, "Steps at the start of the run in which only the heads and pooler learn "
+                                          "(the encoder and embeddings stay as --init-from gave them), so that fresh "
+                                          "heads do not push the encoder with their first, random gradients.")
     max_seq_len: int = option(128, "Tokens per pre-training pair, [CLS] A [SEP] B [SEP] included.")
     mask_rate: float = option(0.15, "Share of non-special tokens chosen for masked-LM prediction in training "
                                     "(evaluation always masks 15%, so runs compare).")
@@ -93,6 +96,8 @@ class TrainOptions:
             raise bad("mask_rate", "must be between 0 and 1")
         if not 0 <= self.eval_fraction < 1:
             raise bad("eval_fraction", "must be in [0, 1)")
+        if self.freeze_encoder_steps < 0:
+            raise bad("freeze_encoder_steps", "must be 0 (off) or more")
         if self.preserve_embeddings < 0:
             raise bad("preserve_embeddings", "must be 0 (off) or positive")
         if self.preserve_embeddings > 0 and self.init_from is None:

@@ -164,3 +164,17 @@ def test_a_bad_starting_checkpoint_fails_before_anything_is_prepared_or_written(
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert expected in errors[0] and str(start) in errors[0], errors[0]
     assert not output.exists() and not (cache / "sentences").exists()
+
+
+def test_freezing_the_encoder_trains_only_the_heads(tmp_path, tokenizer, small_corpus, small_eval_corpus):
+    from safetensors.torch import load_file
+
+    start = encoder_directory(tmp_path / "start", tokenizer)
+    output = tmp_path / "out"
+    assert main(tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{
+        "--init-from": start, "--max-steps": 6, "--freeze-encoder-steps": 6, "--lr": 3e-3})) == 0
+    before, after = load_file(start / "model.safetensors"), load_file(output / "model.safetensors")
+    encoder = [n for n in after if n.startswith(("bert.embeddings.", "bert.encoder."))]
+    assert encoder and all(torch.equal(after[n], before[n.removeprefix("bert.")]) for n in encoder)
+    assert not torch.equal(after["bert.pooler.dense.weight"], before["pooler.dense.weight"])  # the pooler learns
+    assert "cls.predictions.transform.dense.weight" in after and "cls.seq_relationship.weight" in after
