@@ -168,6 +168,11 @@ class Batcher:
             thread.join(timeout)
 
     @property
+    def workers_alive(self) -> bool:
+        """Whether every packing and compute thread is still running (liveness: a dead one never comes back)."""
+        return all(thread.is_alive() for thread in self._threads)
+
+    @property
     def queue_depth(self) -> int:
         return len(self._queue)
 

@@ -21,6 +21,7 @@ from service.schemas import (
     FillMaskRequest,
     FillMaskResponse,
     Health,
+    Liveness,
     NspRequest,
     NspResponse,
 )
@@ -109,6 +110,13 @@ async def health(state: State) -> Response:
     """200 once the model is loaded and warmed up; 503 while loading and while shutting down."""
     state.lifecycle.require_ready()
     return json_response({"status": "ok"})
+
+
+@public.get("/live", response_model=Liveness, responses={503: {"model": ErrorBody}}, summary="Liveness")
+async def live(state: State) -> Response:
+    """200 while the process can still make progress: loading, ready (however busy) or draining. 503 only when
+    it cannot recover (the model failed to load, or a batching thread died): restart it. Readiness is /health."""
+    return json_response(state.live())
 
 
 @public.get("/metrics", dependencies=[Depends(require_metrics_key)], summary="Prometheus metrics",

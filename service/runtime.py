@@ -155,6 +155,16 @@ class Runtime:
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, device, precision.name,
                  time.perf_counter() - started)
 
+    def live(self) -> dict:
+        """Liveness, which is not readiness: loading, busy and draining servers are alive (restarting them would
+        only lose work); a failed load or a dead packing/compute thread is not, since neither recovers."""
+        state = self.lifecycle.state
+        if state == "failed":
+            raise ServiceError("unavailable", f"the model failed to load: {self.lifecycle.failure}")
+        if state == "ready" and self.batcher is not None and not self.batcher.workers_alive:
+            raise ServiceError("unavailable", "a batching thread has died; restart the server")
+        return {"status": "alive", "state": state}
+
     def ready_frontdoor(self) -> FrontDoor:
         self.lifecycle.require_ready()
         return self.frontdoor

@@ -109,6 +109,11 @@ class Health(BaseModel):
     status: Literal["ok", "loading", "draining"]
 
 
+class Liveness(BaseModel):
+    status: Literal["alive"]
+    state: Literal["loading", "ready", "draining"]
+
+
 # ---- OpenAI-compatible embeddings (POST /v1/embeddings) --------------------------------------------
 
 

@@ -78,8 +78,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
     max_top_k: int = Field(100, ge=1, description="Largest top_k accepted by /fill-mask (422 beyond).")
     api_key: str | None = Field(None, description=(
-        "If set, every route but /health (and /metrics unless metrics_require_key) needs "
+        "If set, every route but /health and /live (and /metrics unless metrics_require_key) needs "
         "'Authorization: Bearer <key>'. Compared in constant time."))
+    api_key_file: Path | None = Field(None, description=(
+        "Read the API key from this file instead (a mounted Kubernetes or Docker secret: the key stays out of the "
+        "environment). Surrounding whitespace is ignored."))
     metrics_require_key: bool = Field(False, description="Also protect /metrics with the API key.")
     warmup: bool = Field(True, description="Run a warm-up batch before reporting healthy (first requests are not slow).")
     drain_seconds: float = Field(0.0, ge=0, description=(
@@ -106,6 +109,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Settings":
+        if self.api_key_file is not None:
+            if self.api_key is not None:
+                raise ValueError("set api_key or api_key_file, not both")
+            try:
+                self.api_key = self.api_key_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"api_key_file {self.api_key_file}: {exc.strerror if isinstance(exc, OSError) else exc}")
         if self.api_key is not None and len(self.api_key) < 8:
             raise ValueError("api_key must be at least 8 characters")
         return self

@@ -187,3 +187,21 @@ async def test_health_info_metrics_and_docs(tiny_checkpoint):
     assert {"/encode", "/fill-mask", "/nsp", "/health", "/info", "/metrics"} <= set(openapi["paths"])
     assert "examples" in str(openapi["components"]["schemas"]["EncodeRequest"])
     assert docs.status_code == 200
+
+
+async def test_liveness_is_not_readiness(tiny_checkpoint):
+    """/live stays 200 while /health turns 503 for draining (a probe must not restart a pod that is finishing
+    its work); it turns 503 only when the server cannot recover, here a compute thread that has died."""
+    async with serving(tiny_checkpoint, api_key="a-long-secret") as client:
+        runtime = client.app.state.runtime
+        assert (await client.get("/live")).json() == {"status": "alive", "state": "ready"}  # no key needed
+        runtime.lifecycle.drain()
+        assert (await client.get("/health")).status_code == 503
+        draining = await client.get("/live")
+        assert draining.status_code == 200 and draining.json()["state"] == "draining"
+        runtime.lifecycle.state = "ready"
+        runtime.batcher.stop()  # the threads end, as a crashed one would
+        dead = await client.get("/live")
+        assert dead.status_code == 503 and "thread" in dead.json()["error"]
+        openapi = (await client.get("/openapi.json", headers={"Authorization": "Bearer a-long-secret"})).json()
+    assert "/live" in openapi["paths"]

@@ -1,0 +1,53 @@
+{{/* Names and labels. */}}
+{{- define "bert.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else -}}{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+
+{{- define "bert.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "bert.labels" -}}
+{{ include "bert.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "bert.image" -}}
+{{- $tag := .Values.image.tag | default (ternary (printf "%s-cpu" .Chart.AppVersion) .Chart.AppVersion (eq .Values.variant "cpu")) -}}
+{{- if .Values.image.digest -}}{{ printf "%s:%s@%s" .Values.image.repository $tag .Values.image.digest }}
+{{- else -}}{{ printf "%s:%s" .Values.image.repository $tag }}{{- end -}}
+{{- end -}}
+
+{{- define "bert.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}{{ .Values.serviceAccount.name | default (include "bert.fullname" .) }}
+{{- else -}}{{ .Values.serviceAccount.name | default "default" }}{{- end -}}
+{{- end -}}
+
+{{/* The grace period: the value given, or preStop + drain + queue deadline + 10 s. */}}
+{{- define "bert.gracePeriod" -}}
+{{- $floor := add .Values.shutdown.preStopSleepSeconds (ceil .Values.server.drainSeconds) (ceil .Values.server.queueTimeoutSeconds) -}}
+{{- if kindIs "invalid" .Values.shutdown.terminationGracePeriodSeconds -}}{{ add $floor 10 }}
+{{- else -}}{{ .Values.shutdown.terminationGracePeriodSeconds | int }}{{- end -}}
+{{- end -}}
+
+{{- define "bert.checkpointPath" -}}
+{{- if eq .Values.model.source "pvc" -}}{{ printf "/models/%s" .Values.model.pvc.path }}
+{{- else if eq .Values.model.source "init" -}}{{ printf "/models/%s" .Values.model.init.path }}
+{{- else -}}{{ .Values.model.bundled.path }}{{- end -}}
+{{- end -}}
+
+{{- define "bert.modelClaim" -}}
+{{ .Values.model.pvc.claimName | default (printf "%s-models" (include "bert.fullname" .)) }}
+{{- end -}}
+
+{{- define "bert.trainingClaim" -}}
+{{ .Values.training.storage.claimName | default (printf "%s-training" (include "bert.fullname" .)) }}
+{{- end -}}
+
+{{- define "bert.apiKeySecret" -}}
+{{ .Values.apiKey.existingSecret | default (printf "%s-api-key" (include "bert.fullname" .)) }}
+{{- end -}}

@@ -1,0 +1,67 @@
+{{/*
+Values that contradict each other stop the render with a message naming the value, so that a mistake shows
+at `helm template` / `helm install` time rather than as a pod that never schedules or drops requests.
+*/}}
+{{- define "bert.validate" -}}
+{{- $v := .Values -}}
+{{- if not (has $v.variant (list "cpu" "gpu")) -}}
+{{- fail (printf "variant: must be cpu or gpu, not %q" (toString $v.variant)) -}}
+{{- end -}}
+{{- if and $v.image.digest (not (hasPrefix "sha256:" $v.image.digest)) -}}
+{{- fail (printf "image.digest: %q is not a digest (sha256:<64 hex digits>)" $v.image.digest) -}}
+{{- end -}}
+{{- $gpus := $v.gpu.count | int -}}
+{{- if and (eq $v.variant "cpu") (gt $gpus 0) -}}
+{{- fail (printf "gpu.count: %d GPUs requested on the cpu variant (the CPU image cannot use them); set variant: gpu or gpu.count: 0" $gpus) -}}
+{{- end -}}
+{{- if and (eq $v.variant "gpu") (lt $gpus 1) -}}
+{{- fail "gpu.count: the gpu variant needs at least 1 GPU per pod (or use variant: cpu)" -}}
+{{- end -}}
+{{- if lt ($v.server.drainSeconds | float64) 0.0 -}}{{- fail "server.drainSeconds: must be 0 or more" -}}{{- end -}}
+{{- if le ($v.server.queueTimeoutSeconds | float64) 0.0 -}}{{- fail "server.queueTimeoutSeconds: must be positive" -}}{{- end -}}
+{{- $needed := add $v.shutdown.preStopSleepSeconds (ceil $v.server.drainSeconds) (ceil $v.server.queueTimeoutSeconds) -}}
+{{- if not (kindIs "invalid" $v.shutdown.terminationGracePeriodSeconds) -}}
+{{- if lt ($v.shutdown.terminationGracePeriodSeconds | int) ($needed | int) -}}
+{{- fail (printf "shutdown.terminationGracePeriodSeconds: %d s is shorter than shutdown.preStopSleepSeconds + server.drainSeconds + server.queueTimeoutSeconds = %d s; the kubelet would kill requests still being answered" ($v.shutdown.terminationGracePeriodSeconds | int) ($needed | int)) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (has $v.model.source (list "bundled" "pvc" "init")) -}}
+{{- fail (printf "model.source: must be bundled, pvc or init, not %q" (toString $v.model.source)) -}}
+{{- end -}}
+{{- if and (eq $v.model.source "pvc") (not $v.model.pvc.claimName) (not $v.model.pvc.create) -}}
+{{- fail "model.pvc.claimName: model.source is pvc but no claim is named (set model.pvc.claimName, or model.pvc.create: true)" -}}
+{{- end -}}
+{{- if and (eq $v.model.source "pvc") (not $v.model.pvc.path) -}}
+{{- fail "model.pvc.path: the checkpoint directory inside the volume is empty" -}}
+{{- end -}}
+{{- if and (eq $v.model.source "init") (not $v.model.init.image) -}}
+{{- fail "model.init.image: model.source is init but no init container image is given" -}}
+{{- end -}}
+{{- if and (eq $v.model.source "init") (not $v.model.init.command) -}}
+{{- fail "model.init.command: model.source is init but the init container has no command to copy the checkpoint" -}}
+{{- end -}}
+{{- if and $v.apiKey.create (not $v.apiKey.value) -}}
+{{- fail "apiKey.value: apiKey.create is true but the key is empty" -}}
+{{- end -}}
+{{- if and $v.apiKey.create $v.apiKey.existingSecret -}}
+{{- fail "apiKey.existingSecret: set either apiKey.existingSecret or apiKey.create, not both" -}}
+{{- end -}}
+{{- if and $v.apiKey.value (lt (len $v.apiKey.value) 8) -}}
+{{- fail "apiKey.value: the key must be at least 8 characters (the server refuses shorter ones)" -}}
+{{- end -}}
+{{- if $v.autoscaling.enabled -}}
+{{- if lt ($v.autoscaling.minReplicas | int) 1 -}}{{- fail "autoscaling.minReplicas: must be at least 1" -}}{{- end -}}
+{{- if lt ($v.autoscaling.maxReplicas | int) ($v.autoscaling.minReplicas | int) -}}
+{{- fail (printf "autoscaling.maxReplicas: %d is below autoscaling.minReplicas %d" ($v.autoscaling.maxReplicas | int) ($v.autoscaling.minReplicas | int)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.podDisruptionBudget.enabled (lt (ternary ($v.autoscaling.minReplicas | int) ($v.replicaCount | int) $v.autoscaling.enabled) 2) -}}
+{{- fail "podDisruptionBudget.enabled: with fewer than 2 replicas a disruption budget blocks node drains forever; raise replicaCount / autoscaling.minReplicas or disable it" -}}
+{{- end -}}
+{{- if and $v.training.distributed.enabled (lt ($v.training.distributed.nodes | int) 2) -}}
+{{- fail "training.distributed.nodes: a multi-node run needs at least 2 nodes (use training.job for one)" -}}
+{{- end -}}
+{{- if and (or $v.training.job.enabled $v.training.distributed.enabled) (not $v.training.storage.claimName) (not $v.training.storage.create) -}}
+{{- fail "training.storage.claimName: the trainer needs a volume (set training.storage.claimName, or training.storage.create: true)" -}}
+{{- end -}}
+{{- end -}}
