@@ -7,7 +7,12 @@ set -eu
 SERVICE=${LB_SERVICE:-api-replica}
 PORT=${LB_PORT:-8000}
 LIST=/etc/nginx/bert/replicas.conf
+KEEPALIVE=${LB_CLIENT_KEEPALIVE:-0}  # see nginx.conf: 0 loses nothing on reloads
 mkdir -p /etc/nginx/bert
+case $KEEPALIVE in
+  *[!0-9smh]*|'') echo "bert-lb: LB_CLIENT_KEEPALIVE must be a duration like 0, 75s or 2m, not '$KEEPALIVE'" >&2; exit 2 ;;
+esac
+echo "keepalive_timeout $KEEPALIVE;" > /etc/nginx/bert/client-keepalive.conf
 
 resolve() {  # the service's addresses, one per line, sorted (glibc getent, else busybox nslookup)
   { getent ahostsv4 "$SERVICE" 2>/dev/null || nslookup "$SERVICE" 2>/dev/null | awk '/^Address/ {print $NF}'; } \

@@ -33,9 +33,12 @@ _ACTIVATIONS = {
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        # `_weight` skips nn.Embedding's own init (BertForPreTraining._init_weights does it, or the checkpoint)
+        def table(n: int, **kw) -> nn.Embedding:
+            return nn.Embedding(n, config.hidden_size, _weight=torch.empty(n, config.hidden_size), **kw)
+        self.word_embeddings = table(config.vocab_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = table(config.max_position_embeddings)
+        self.token_type_embeddings = table(config.type_vocab_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
@@ -309,7 +312,10 @@ class BertForPreTraining(nn.Module):
         self.bert = BertModel(config, add_pooling_layer=with_pooler)
         self.cls = BertPreTrainingHeads(config, with_mlm=with_mlm, with_nsp=with_nsp)
         self.classifier = nn.Linear(config.hidden_size, num_labels) if num_labels else None
-        self.apply(self._init_weights)
+        # On the meta device (load_checkpoint) there is nothing to initialise, and random init there would
+        # import torch._dynamo: 1.3 s of every server start.
+        if not next(self.parameters()).is_meta:
+            self.apply(self._init_weights)
         self.tie_weights()
 
     # ---- capabilities --------------------------------------------------------------------------
@@ -391,6 +397,3 @@ class BertForPreTraining(nn.Module):
         mlm = self.mlm_logits(hidden, mlm_positions) if self.has_mlm_head else None
         nsp = self.nsp_logits(pooled) if self.has_nsp_head else None
         return PreTrainingOutput(hidden, pooled, mlm, nsp)
-
-
-__all__ = ["BertForPreTraining", "BertModel", "PreTrainingOutput", "key_padding_mask"]

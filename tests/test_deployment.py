@@ -92,6 +92,12 @@ def test_scale_profile_has_replicas_behind_a_retrying_load_balancer():
     assert "include /etc/nginx/bert/replicas.conf;" in nginx and "least_conn;" in nginx
     lb_script = (REPO_ROOT / "docker" / "lb.sh").read_text()
     assert "max_fails=1" in lb_script and "nginx -s reload" in lb_script  # replicas added later are picked up
+    # no idle client connections by default: a reload then cannot close one under a request in flight
+    directives = [line.split("#")[0].strip() for line in nginx.splitlines()]
+    assert "include /etc/nginx/bert/client-keepalive.conf;" in directives
+    assert not any(d.startswith("keepalive_timeout") for d in directives)
+    assert lb["environment"]["LB_CLIENT_KEEPALIVE"] == "${LB_CLIENT_KEEPALIVE:-0}"
+    assert 'KEEPALIVE=${LB_CLIENT_KEEPALIVE:-0}' in lb_script
 
 
 def test_dockerfile_essentials_and_locks():

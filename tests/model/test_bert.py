@@ -218,3 +218,17 @@ def test_config_rejects_unknown_fields_and_unsupported_variants():
     with pytest.raises(ConfigError, match="is_decoder"):
         BertConfig.from_dict({"is_decoder": True})
     assert BertConfig.from_dict(BertConfig().to_dict()) == BertConfig()
+
+
+def test_fresh_model_is_initialised_and_meta_build_skips_it():
+    """A model for training from scratch gets N(0, initializer_range) weights with a zero padding row (the
+    embedding tables skip their own init, _init_weights does it); one built on meta for loading gets none."""
+    config = tiny_config(vocab_size=500)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config)
+    for table in (model.bert.embeddings.word_embeddings, model.bert.embeddings.position_embeddings):
+        assert abs(float(table.weight.std()) - config.initializer_range) < 0.2 * config.initializer_range
+    assert float(model.bert.embeddings.word_embeddings.weight[config.pad_token_id].abs().sum()) == 0.0
+    assert torch.isfinite(torch.cat([p.flatten() for p in model.parameters()])).all()
+    with torch.device("meta"):
+        assert next(BertForPreTraining(config).parameters()).is_meta
