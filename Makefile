@@ -13,13 +13,14 @@ CLIENTS_STAMP := $(CLIENTS_VENV)/.clients-$(shell cat requirements/clients.txt |
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke train-default train-mini-scratch retention-curve gpu-wheels bench-gpu lock audit clean help
+.PHONY: serve test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
 	@echo "make test       run the test suite (what CI runs)"
 	@echo "make test-slow  also run the slow tests (overload burst, long fuzz)"
-	@echo "make bench      serving benchmark; results go to BENCHMARKS.md by hand"
+	@echo "make bench-report  the benchmark report: measures, redraws docs/bench-*.png and BENCHMARKS.md's tables (~20 min)"
+	@echo "make bench      one serving benchmark (bench/serving.py, ARGS='--concurrency 1 8 ...')"
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
 	@echo "make audit      pip-audit over the pinned dependencies"
@@ -78,6 +79,18 @@ bench: $(DEV_STAMP)
 
 bench-train: $(DEV_STAMP)
 	$(BIN)/python -m bench.training $(ARGS)
+
+# The benchmark report (BENCHMARKS.md's tables and docs/bench-*.png): about 20 minutes on 2 cores; run it on a
+# quiet machine. Infinity, the peer, goes into its own environment (requirements/peers.txt).
+PEERS_VENV ?= .venv-peers
+$(PEERS_VENV)/bin/infinity_emb: requirements/peers.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps -r requirements/peers.txt
+	touch $@
+
+bench-report: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
+	$(PIP) install -q --no-deps -r requirements/bench.txt
+	$(BIN)/python -m bench.report --write --infinity $(abspath $(PEERS_VENV))/bin/infinity_emb $(ARGS)
 
 # Every CPU precision in-process (ours and ONNX Runtime's): speed and fidelity on all-MiniLM-L6-v2.
 bench-precision: $(DEV_STAMP)

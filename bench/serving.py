@@ -157,7 +157,7 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
     return row
 
 
-def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_sizes=None
+def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_sizes=None, dtype: str = "auto"
                   ) -> tuple[Row, tuple[int, int], float, dict[tuple[int, int], float]]:
     """The engine alone on pre-tokenized batches of similar lengths: no HTTP, no queue.
 
@@ -178,7 +178,7 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
     device = pick_device("auto")
     if device.type == "cpu":
         keep_freed_memory()  # as the service does by default (cpu_keep_freed_memory)
-    engine = build_engine(ckpt, device, choose("auto", device))
+    engine = build_engine(ckpt, device, choose(dtype, device))
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
     items = sorted((EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded), key=len)
     # One forward pass of one input (the floor for latency at concurrency 1), over inputs of every length.

@@ -35,12 +35,12 @@ class Settings(BaseSettings):
     cpu_batch_tokens: int = Field(1024, ge=0, description=(
         "On CPU, the most tokens in one batch (within max_batch_tokens). Past a model- and CPU-dependent size, "
         "bigger batches are slower per sequence on a CPU (their activations leave the caches); the default is the "
-        "best of the sweep in BENCHMARKS.md for both benchmark models. 0 = measure it at start-up (a few seconds "
+        "best of a sweep (bench.serving --batch-sizes) for both benchmark models. 0 = measure it at start-up (a few seconds "
         "more). Ignored on GPU."))
     cpu_keep_freed_memory: bool = Field(True, description=(
         "On CPU under Linux (glibc), keep memory freed by finished tensors for the next ones instead of returning "
-        "it to the kernel, which otherwise costs page faults on nearly every op's output (measured in "
-        "BENCHMARKS.md). The process then keeps its peak memory after a burst; false gives it back."))
+        "it to the kernel, which otherwise costs page faults on nearly every op's output (measured with "
+        "bench.precision). The process then keeps its peak memory after a burst; false gives it back."))
     max_batch_size: int = Field(64, ge=1, description=(
         "Most sequences in one forward pass; 1 turns batching off (the benchmark baseline)."))
     max_wait_ms: float = Field(0.0, ge=0, description=(

@@ -81,13 +81,18 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 
 def build_optimizer(model: torch.nn.Module, options: TrainOptions, device: torch.device) -> torch.optim.AdamW:
-    decay, no_decay = [], []
+    """AdamW with weight decay on matrices only; with --encoder-lr-scale, the encoder and embeddings (the word
+    embeddings are the tied MLM decoder too) in groups of their own whose `lr_scale` the schedule applies."""
+    groups: dict[tuple[bool, float], list] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (no_decay if param.ndim < 2 or "LayerNorm" in name else decay).append(param)
-    groups = [{"params": decay, "weight_decay": options.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=options.lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
+        encoder = name.startswith(("bert.embeddings.", "bert.encoder."))
+        scale = options.encoder_lr_scale if encoder else 1.0
+        groups.setdefault((param.ndim < 2 or "LayerNorm" in name, scale), []).append(param)
+    param_groups = [{"params": params, "weight_decay": 0.0 if no_decay else options.weight_decay, "lr_scale": scale}
+                    for (no_decay, scale), params in sorted(groups.items(), key=lambda kv: (kv[0][1] != 1.0, kv[0][0]))]
+    return torch.optim.AdamW(param_groups, lr=options.lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
 
 
 def lr_factor(progress: float, warmup: float) -> float:
@@ -238,7 +243,7 @@ class Training:
                 batch, masked = training_batch(self.pairs, progress, options, self.data, self.replace)
                 factor = lr_factor(run_progress(progress, options), options.warmup_fraction)
                 for group in self.optimizer.param_groups:
-                    group["lr"] = options.lr * factor
+                    group["lr"] = options.lr * factor * group.get("lr_scale", 1.0)
                 stats = self._step(batch, masked)
                 progress.step += 1
                 progress.tokens_seen += batch.num_real_tokens

@@ -39,6 +39,9 @@ class TrainOptions:
     freeze_encoder_steps: int = option(0, "Steps at the start of the run in which only the heads and pooler learn "
                                           "(the encoder and embeddings stay as --init-from gave them), so that fresh "
                                           "heads do not push the encoder with their first, random gradients.")
+    encoder_lr_scale: float = option(1.0, "The encoder's and embeddings' learning rate as a share of --lr (the heads "
+                                          "and pooler get all of it). Below 1 a warm start keeps more of what its "
+                                          "encoder was good at while fresh heads learn at full speed.")
     max_seq_len: int = option(128, "Tokens per pre-training pair, [CLS] A [SEP] B [SEP] included.")
     mask_rate: float = option(0.15, "Share of non-special tokens chosen for masked-LM prediction in training "
                                     "(evaluation always masks 15%, so runs compare).")
@@ -96,6 +99,8 @@ class TrainOptions:
             raise bad("mask_rate", "must be between 0 and 1")
         if not 0 <= self.eval_fraction < 1:
             raise bad("eval_fraction", "must be in [0, 1)")
+        if not 0 < self.encoder_lr_scale <= 1:
+            raise bad("encoder_lr_scale", "must be in (0, 1]")
         if self.freeze_encoder_steps < 0:
             raise bad("freeze_encoder_steps", "must be 0 (off) or more")
         if self.preserve_embeddings < 0:

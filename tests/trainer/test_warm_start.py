@@ -178,3 +178,24 @@ def test_freezing_the_encoder_trains_only_the_heads(tmp_path, tokenizer, small_c
     assert encoder and all(torch.equal(after[n], before[n.removeprefix("bert.")]) for n in encoder)
     assert not torch.equal(after["bert.pooler.dense.weight"], before["pooler.dense.weight"])  # the pooler learns
     assert "cls.predictions.transform.dense.weight" in after and "cls.seq_relationship.weight" in after
+
+
+def test_encoder_lr_scale_moves_the_encoder_less(tmp_path, tokenizer, small_corpus, small_eval_corpus):
+    """With --encoder-lr-scale 0.05 the encoder's weights move about 20x less than at full learning rate (Adam's
+    steps are about lr in size), while the fresh heads move alike."""
+    from safetensors.torch import load_file
+
+    start = encoder_directory(tmp_path / "start", tokenizer)
+    before = load_file(start / "model.safetensors")
+    moved = {}
+    for scale in ("1", "0.05"):
+        output = tmp_path / f"out-{scale}"
+        assert main(tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{
+            "--init-from": start, "--max-steps": 4, "--lr": 1e-3, "--encoder-lr-scale": scale})) == 0
+        after = load_file(output / "model.safetensors")
+        name = "bert.encoder.layer.0.attention.self.query.weight"
+        moved[scale] = (float((after[name] - before[name.removeprefix("bert.")]).abs().mean()),
+                        float(after["cls.seq_relationship.weight"].abs().mean()))
+    encoder_ratio = moved["0.05"][0] / moved["1"][0]
+    assert 0.02 < encoder_ratio < 0.15, moved
+    assert 0.5 < moved["0.05"][1] / moved["1"][1] < 2, moved  # the NSP head learns at full rate either way
