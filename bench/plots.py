@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 STYLE = {"service:int8": ("#1f6feb", "-", "o"), "service:float32": ("#1f6feb", "--", "s"),
          "infinity:optimum-int8": ("#d97706", "-", "o"), "infinity:torch-float32": ("#d97706", "--", "s"),

@@ -81,7 +81,7 @@ def machine() -> dict:
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     return {"cpu": cpu or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": "python -m bench.report " + shlex.join(sys.argv[1:])}
 
 
@@ -161,7 +161,7 @@ async def open_loop_step(url: str, texts: list[str], rate: float, seconds: float
             tasks.append(asyncio.ensure_future(one(len(tasks))))
         offered = len(tasks) / (time.perf_counter() - began)
         await asyncio.gather(*tasks)
-    percentile = lambda q: float(np.percentile(latencies, q)) * 1000 if latencies else None  # noqa: E731
+    percentile = lambda q: float(np.percentile(latencies, q)) * 1000 if latencies else None
     return {"offered_rps": offered, "answered_rps": len(latencies) / seconds, "sent": len(tasks),
             "refused_429": refused / len(tasks), "failed": failed,
             "p50_ms": percentile(50), "p95_ms": percentile(95), "p99_ms": percentile(99)}
@@ -307,7 +307,7 @@ def markdown(report: dict, image_dir: str) -> str:
              + (f", Infinity {report['infinity']}" if report.get("infinity") else "")
              + f"; every row below comes from one run of `{m['command']}`.", ""]
     load = f"{report['plan']['clients']} clients × {report['plan']['inputs_per_request']} sentences per request"
-    lines += [f"| model | server | precision | sentences/s | p50 ms | p99 ms | in-process limit | vs limit |",
+    lines += ["| model | server | precision | sentences/s | p50 ms | p99 ms | in-process limit | vs limit |",
               "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in report["headline"]:
         limit = f"{r['limit_seq_s']:,.0f} ({r['limit_arrangement']})" if r["limit_seq_s"] else "–"
@@ -339,15 +339,15 @@ def markdown(report: dict, image_dir: str) -> str:
     lines += [f"![Throughput vs concurrency]({image_dir}/bench-throughput.png)", "",
               f"Throughput vs concurrency ({report['sweep_model']}, one sentence per request).", "",
               f"![Latency vs offered load]({image_dir}/bench-latency.png)", "",
-              f"Latency vs offered load, open loop (Poisson arrivals, one sentence per request, {lv['precision']}, "
-              f"`--max-queue-items {lv['max_queue_items']}`): {onset}.", "",
+              (f"Latency vs offered load, open loop (Poisson arrivals, one sentence per request, {lv['precision']}, "
+               f"`--max-queue-items {lv['max_queue_items']}`): {onset}."), "",
               f"![Precision trade-off]({image_dir}/bench-precision.png)", "",
-              f"Precision trade-off in-process ({report['sweep_model']}, mean cosine of the sentence embedding to "
-              f"float32 `transformers`; fastest: {best['variant']}, {best['seq_s']:,.0f} sentences/s, cosine "
-              f"{best['cosine_mean']:.4f}).", "",
+              (f"Precision trade-off in-process ({report['sweep_model']}, mean cosine of the sentence embedding to "
+               f"float32 `transformers`; fastest: {best['variant']}, {best['seq_s']:,.0f} sentences/s, cosine "
+               f"{best['cosine_mean']:.4f})."), "",
               f"![Cost vs input length]({image_dir}/bench-length.png)", "",
-              "Cost vs input length in-process (inputs of exactly L tokens, batches of "
-              f"{report['plan']['length_tokens']} tokens, two batches in parallel).", ""]
+              ("Cost vs input length in-process (inputs of exactly L tokens, batches of "
+               f"{report['plan']['length_tokens']} tokens, two batches in parallel)."), ""]
     return "\n".join(lines)
 
 

@@ -125,7 +125,7 @@ def test_probes_and_port_match_the_service(rendered):
     from service.app import create_app
 
     paths = set(create_app(Settings()).openapi()["paths"])
-    for name, (_, docs) in rendered.items():
+    for _, docs in rendered.values():
         container = api_container(docs)
         port = container["ports"][0]
         assert port["name"] == "http" and str(port["containerPort"]) == env_of(container)["BERT_PORT"]

@@ -44,7 +44,7 @@ def test_every_measurement_is_in_the_report(quick_report):
 
 
 def test_plots_and_markdown(quick_report):
-    out, report = quick_report
+    out, _ = quick_report
     for name in ("throughput", "latency", "precision", "length"):
         data = (out / f"bench-{name}.png").read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
