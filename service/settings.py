@@ -124,6 +124,7 @@ class Settings(BaseSettings):
         """Settings without secrets, for /info."""
         values = self.model_dump(mode="json")
         values["api_key"] = "set" if self.api_key else None
+        values["api_key_file"] = "set" if self.api_key_file else None  # a path of the serving host
         return values
 
 

@@ -205,3 +205,14 @@ async def test_liveness_is_not_readiness(tiny_checkpoint):
         assert dead.status_code == 503 and "thread" in dead.json()["error"]
         openapi = (await client.get("/openapi.json", headers={"Authorization": "Bearer a-long-secret"})).json()
     assert "/live" in openapi["paths"]
+
+
+async def test_api_key_from_a_file_is_required_and_not_shown(tiny_checkpoint, tmp_path):
+    key_file = tmp_path / "api-key"
+    key_file.write_text("a-long-secret-from-a-file\n")  # a mounted Secret ends with a newline as often as not
+    async with serving(tiny_checkpoint, api_key_file=key_file) as client:
+        assert (await client.post("/nsp", json={"inputs": ["a", "b"]})).status_code == 401
+        auth = {"Authorization": "Bearer a-long-secret-from-a-file"}
+        assert (await client.post("/nsp", json={"inputs": ["a", "b"]}, headers=auth)).status_code == 200
+        info = (await client.get("/info", headers=auth)).text
+    assert "a-long-secret" not in info and str(tmp_path) not in info
