@@ -253,19 +253,13 @@ def run(plan: Plan, models: list[str], infinity: str | None, quick: bool) -> dic
     peers = [p for p in PEERS if p == "naive" or infinity]
     for label in models:
         checkpoint = checkpoints[label]
-        from model.checkpoint import load_checkpoint
-
-        texts = sentences(plan.sentences, None, load_checkpoint(checkpoint).tokenizer)
-        counts = count_tokens(load_checkpoint(checkpoint).tokenizer, texts)
+        texts, counts = _inputs(checkpoint, plan)
         model_peers = peers if label == "all-MiniLM-L6-v2" else ["naive"]  # Infinity serves sentence-transformers models
         progress(started, f"headline, {label}")
         report["headline"] += headline(label, checkpoint, texts, counts, plan, plan.dtypes, model_peers, infinity)
     main_label = models[0]
     checkpoint = checkpoints[main_label]
-    from model.checkpoint import load_checkpoint
-
-    texts = sentences(plan.sentences, None, load_checkpoint(checkpoint).tokenizer)
-    counts = count_tokens(load_checkpoint(checkpoint).tokenizer, texts)
+    texts, counts = _inputs(checkpoint, plan)
     report["sweep_model"] = main_label
     systems = [f"service:{d}" for d in plan.sweep_dtypes] + [
         p for p in peers if main_label == "all-MiniLM-L6-v2" or p == "naive"]
@@ -280,6 +274,15 @@ def run(plan: Plan, models: list[str], infinity: str | None, quick: bool) -> dic
     progress(started, "done")
     report["infinity"] = _infinity_version(infinity)
     return report
+
+
+def _inputs(checkpoint: Path, plan: Plan) -> tuple[list[str], dict[str, int]]:
+    """The held-out sentences and their token counts under `checkpoint`'s tokenizer (loaded once)."""
+    from model.checkpoint import load_checkpoint
+
+    tokenizer = load_checkpoint(checkpoint).tokenizer
+    texts = sentences(plan.sentences, None, tokenizer)
+    return texts, count_tokens(tokenizer, texts)
 
 
 def _bundled() -> Path:

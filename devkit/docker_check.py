@@ -24,7 +24,6 @@ import re
 import subprocess
 import sys
 import time
-from collections import Counter
 
 import httpx
 
@@ -96,30 +95,6 @@ def check_routes(url: str) -> dict:
             "fill_mask_top": fill.json()["results"][0]["masks"][0]["predictions"][0]["token_str"]}
 
 
-async def load(url: str, clients: int, seconds: float, during=None) -> Counter:
-    """`clients` clients sending /encode back to back for `seconds`; `during()` runs in a thread after a
-    third of the time. Counts every outcome: an HTTP status, or the transport error's name."""
-    outcomes: Counter = Counter()
-    stop_at = time.perf_counter() + seconds
-
-    async def client(number: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
-            while time.perf_counter() < stop_at:
-                try:
-                    response = await http.post("/encode", json={"inputs": [f"sentence {number} about a river"] * 4,
-                                                                "pooling": "mean"})
-                    outcomes[str(response.status_code)] += 1
-                except httpx.TransportError as exc:
-                    outcomes[type(exc).__name__] += 1
-
-    async def act() -> None:
-        await asyncio.sleep(seconds / 3)
-        await asyncio.to_thread(during)
-
-    await asyncio.gather(*(client(n) for n in range(clients)), *([act()] if during else []))
-    return outcomes
-
-
 def compose_single() -> dict:
     url = "http://127.0.0.1:8000"
     sh(*CPU_COMPOSE, "up", "-d")
@@ -127,7 +102,8 @@ def compose_single() -> dict:
         result = {"healthy_after_s": round(wait_healthy(url), 1), "routes": check_routes(url)}
         container = sh(*CPU_COMPOSE, "ps", "-q", "api").strip()
         result["docker_health"] = wait_docker_healthy(container)
-        outcomes = asyncio.run(load(url, clients=16, seconds=12, during=lambda: sh("docker", "stop", container)))
+        outcomes, _, _ = asyncio.run(fault_drills.drive(lambda: sh("docker", "stop", container), seconds=12, url=url,
+                                                        clients=16, event_at=4))
         logs = container_logs(container)
         answered = re.findall(r"answered (\d+) of (\d+) accepted", logs)
         exit_code = int(sh("docker", "inspect", "-f", "{{.State.ExitCode}}", container).strip())
@@ -151,7 +127,7 @@ def compose_scale() -> dict:
         sh(*scale, "up", "-d", "--no-recreate", "--scale", "api-replica=4")
         time.sleep(12)
         added = sorted(set(sh(*scale, "ps", "-q", "api-replica").split()) - set(replicas))
-        asyncio.run(load(url, clients=8, seconds=6))
+        asyncio.run(fault_drills.drive(seconds=6, url=url, clients=8))
         served = [_requests_served(container) for container in added]
         result["scaled_to_4"] = {"new_replicas": len(added), "requests_served_by_new": served,
                                  "lb_log": [line for line in sh(*scale, "logs", "lb").splitlines() if "bert-lb:" in line]}

@@ -50,9 +50,11 @@ class Drill:
     event_s: float = 0.0
 
 
-async def drive(event, seconds: float = SECONDS) -> tuple[Counter, list[tuple[float, float, str]], tuple[float, float]]:
-    """Clients sending /encode back to back; `event()` runs in a thread EVENT_AT seconds in. Returns the
-    outcomes, (sent_at, latency_s, outcome) per request, and the event's (start, end) on the same clock."""
+async def drive(event=None, seconds: float = SECONDS, url: str = URL, clients: int = CLIENTS,
+                event_at: float = EVENT_AT) -> tuple[Counter, list[tuple[float, float, str]], tuple[float, float]]:
+    """`clients` clients sending /encode back to back; `event()`, if given, runs in a thread `event_at` seconds in.
+    Returns the outcomes, (sent_at, latency_s, outcome) per request, and the event's (start, end) on the same
+    clock ((0, 0) without one)."""
     outcomes: Counter = Counter()
     timeline: list[tuple[float, float, str]] = []
     started = time.perf_counter()
@@ -60,7 +62,7 @@ async def drive(event, seconds: float = SECONDS) -> tuple[Counter, list[tuple[fl
 
     async def client(number: int) -> None:
         # a fresh pool per client, as independent users would have; the default keep-alive of httpx
-        async with httpx.AsyncClient(base_url=URL, timeout=120) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
             while time.perf_counter() - started < seconds:
                 sent = time.perf_counter()
                 body = {"inputs": [f"client {number} asks about the river bank number {len(timeline)}"]
@@ -73,13 +75,13 @@ async def drive(event, seconds: float = SECONDS) -> tuple[Counter, list[tuple[fl
                 timeline.append((sent - started, time.perf_counter() - sent, outcome))
 
     async def act() -> None:
-        await asyncio.sleep(EVENT_AT)
+        await asyncio.sleep(event_at)
         window.append(time.perf_counter() - started)
         await asyncio.to_thread(event)
         window.append(time.perf_counter() - started)
 
-    await asyncio.gather(*(client(n) for n in range(CLIENTS)), act())
-    return outcomes, timeline, (window[0], window[1])
+    await asyncio.gather(*(client(n) for n in range(clients)), *([act()] if event else []))
+    return outcomes, timeline, (window[0], window[1]) if window else (0.0, 0.0)
 
 
 def replicas() -> list[str]:
