@@ -136,7 +136,13 @@ class BertConfig:
         return cls(**kwargs, extra=extra)
 
     def save(self, path: Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write config.json for a checkpoint we saved: it always holds the pre-training heads (a warm start
+        from a headless `BertModel` gains them), so that is the architecture it names; the source's
+        `_name_or_path` named a different model and is dropped."""
+        values = self.to_dict()
+        values["architectures"] = ["BertForPreTraining"]
+        values.pop("_name_or_path", None)
+        Path(path).write_text(json.dumps(values, indent=2) + "\n")
 
 
 # name -> (layers, hidden)

@@ -19,7 +19,7 @@ from model.flops import count_parameters
 
 CARD = """# {name}
 
-A BERT `{preset}` model ({layers} layers, hidden size {hidden}, {heads} heads, {params:,} parameters,
+A {kind} ({layers} layers, hidden size {hidden}, {heads} heads, {params:,} parameters,
 {vocab:,}-token WordPiece vocabulary) {origin} with masked-LM and next-sentence prediction. It is the service's bundled default model: small enough to ship in the repository
 ({size_mb:.1f} MB in {dtype}), there so that `make serve` works with no download.
 
@@ -79,7 +79,8 @@ KNOWN_SOURCES = {
 PRECISION_WORDS = {"auto": "bfloat16-autocast (where the hardware has it, else float32)", "float32": "float32",
                    "bfloat16": "bfloat16-autocast"}
 FILL_MASK_EXAMPLES = ("The capital of France is [MASK] .", "He was born in [MASK] and died in 1900 .",
-                      "She played the [MASK] in the orchestra .", "the game was released in [MASK] .")
+                      "She played the [MASK] in the orchestra .", "the game was released in [MASK] .",
+                      "The doctor works at the [MASK] .", "It was raining , so she took an [MASK] .")
 
 
 def licence_of(path: str) -> str:
@@ -188,7 +189,8 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
     word_constant = evaluation.get("whole_word_constant_accuracy", float("nan"))
     nan = float("nan")
     return CARD.format(
-        name=target.name, preset=options.get("preset", "?"), layers=config.num_hidden_layers, hidden=config.hidden_size,
+        # a warm start keeps its source's shape: the trainer's --preset did not choose it
+        name=target.name, kind="BERT model" if warm else f"BERT `{options.get('preset', '?')}` model", layers=config.num_hidden_layers, hidden=config.hidden_size,
         heads=config.num_attention_heads, params=count_parameters(checkpoint.model), vocab=config.vocab_size,
         size_mb=(target / "model.safetensors").stat().st_size / 1e6, dtype=metadata["exported_dtype"],
         sources=source_lines, train_tokens=data.get("train_tokens", 0), train_docs=data.get("train_documents", 0),

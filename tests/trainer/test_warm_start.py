@@ -56,6 +56,8 @@ def test_init_from_an_encoder_creates_the_missing_heads(tmp_path, tokenizer, sma
     assert metadata["warm_start"]["licence"] == "apache-2.0"
     assert metadata["warm_start"]["architectures"] == [kind]
     # transformers opens the result with every head, the decoder tied to the word embeddings
+    config = json.loads((output / "config.json").read_text())
+    assert config["architectures"] == ["BertForPreTraining"] and "_name_or_path" not in config
     model = transformers.BertForPreTraining.from_pretrained(output)
     assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
     # the vocabulary is the starting checkpoint's, and the retention of its embeddings was measured
