@@ -33,7 +33,7 @@ from trainer.options import TrainOptions
 from trainer.retention import build_probe
 from trainer.run_files import RunFiles, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
-from trainer.step import PreTrainingStep, mean_pooled
+from trainer.step import PreTrainingStep, mean_pooled, pooling_mask
 from trainer.warm_start import WarmStart, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
@@ -189,7 +189,8 @@ class Training:
             warm_source = warm.source if warm is not None and started_from is None else None
         self.files.start(resumed=resume is not None, started_from=started_from, warm_start=warm_source)
 
-        self.step_module = PreTrainingStep(self.model, with_sentence_vectors=self.teacher is not None)
+        self.step_module = PreTrainingStep(self.model, with_sentence_vectors=self.teacher is not None,
+                                           pool_unmasked_only=options.preserve_over == "unmasked")
         self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)
                         if placement.world > 1 else self.step_module)
         # Batch widths and masked-token counts change every step: compile for dynamic shapes, not one graph per shape.
@@ -326,7 +327,7 @@ class Training:
                 nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
                 loss = mlm_sum / total_masked + nsp_sum / options.batch_size
                 if self.teacher is not None:
-                    drift_sum = self._drift(inputs, vectors).sum()
+                    drift_sum = self._drift(inputs, positions, vectors).sum()
                     loss = loss + options.preserve_embeddings * drift_sum / options.batch_size
                     totals["drift"] += drift_sum.item()
                 (loss * world).backward()
@@ -354,14 +355,16 @@ class Training:
             stats["loss"] += self.options.preserve_embeddings * stats["embedding_drift"]
         return stats
 
-    def _drift(self, inputs: tuple[torch.Tensor, ...], vectors: torch.Tensor) -> torch.Tensor:
+    def _drift(self, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
         """(B,) cosine distance between the model's mean-pooled vectors of these inputs and the frozen
-        starting encoder's (both on the same, masked, input: the term keeps the encoder's function)."""
+        starting encoder's (both on the same, masked, input, pooled over the same tokens: the term keeps the
+        encoder's function)."""
         input_ids, token_type_ids, attention_mask = inputs
         with torch.no_grad(), torch.autocast(self.placement.device.type, dtype=self.autocast,
                                              enabled=self.autocast is not None):
             hidden, _ = self.teacher(input_ids, token_type_ids, attention_mask)
-            reference = mean_pooled(hidden, attention_mask)
+            reference = mean_pooled(hidden, pooling_mask(attention_mask, positions,
+                                                         self.options.preserve_over == "unmasked"))
         return 1.0 - F.cosine_similarity(vectors.float(), reference.float(), dim=-1)
 
 

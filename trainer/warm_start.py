@@ -56,8 +56,8 @@ def load_warm_start(directory: Path, dropout: float | None = None) -> WarmStart:
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
         assert not unexpected and all(name.startswith(("cls.", "bert.pooler.")) for name in missing), (missing, unexpected)
         model.tie_weights()
-        log.info("--init-from %s: new %s; the encoder%s comes from the checkpoint", directory, ", ".join(new_parts),
-                 "" if "pooler" in new_parts else " and pooler")
+        log.info("--init-from %s: new %s; %s from the checkpoint", directory, ", ".join(new_parts),
+                 "the encoder comes" if "pooler" in new_parts else "the encoder and pooler come")
     else:
         model = loaded
         log.info("--init-from %s: every head comes from the checkpoint", directory)

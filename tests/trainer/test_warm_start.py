@@ -103,6 +103,12 @@ def test_sentence_vectors_of_the_training_step_equal_the_full_forward():
     row = full.last_hidden_state[1, :8].mean(0)  # the padded row: a mean over its 8 real tokens only
     torch.testing.assert_close(vectors[1], row, rtol=0, atol=1e-5)
     torch.testing.assert_close(vectors, mean_pooled(full.last_hidden_state, mask))
+    # --preserve-over unmasked: the same vectors without the predicted positions (column 2 and nothing else)
+    *_, unmasked = pretraining_logits(model, ids, types, mask, positions, with_sentence_vectors=True,
+                                      pool_unmasked_only=True)
+    kept = [0, 1, 3, 4, 5, 6, 7]
+    torch.testing.assert_close(unmasked[1], full.last_hidden_state[1, kept].mean(0), rtol=0, atol=1e-5)
+    assert not torch.allclose(unmasked[1], vectors[1], atol=1e-4)
 
 
 def test_retention_metrics_tell_kept_from_lost_neighbourhoods():
