@@ -190,7 +190,8 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
     nan = float("nan")
     return CARD.format(
         # a warm start keeps its source's shape: the trainer's --preset did not choose it
-        name=target.name, kind="BERT model" if warm else f"BERT `{options.get('preset', '?')}` model", layers=config.num_hidden_layers, hidden=config.hidden_size,
+        name=target.name, kind="BERT model" if warm else f"BERT `{options.get('preset', '?')}` model",
+        layers=config.num_hidden_layers, hidden=config.hidden_size,
         heads=config.num_attention_heads, params=count_parameters(checkpoint.model), vocab=config.vocab_size,
         size_mb=(target / "model.safetensors").stat().st_size / 1e6, dtype=metadata["exported_dtype"],
         sources=source_lines, train_tokens=data.get("train_tokens", 0), train_docs=data.get("train_documents", 0),
