@@ -109,7 +109,7 @@ WIKITEXT ?= ../shared/data/wikitext-2
 WIKIPEDIA ?= ../shared/data/wikipedia-en
 CORPORA := --corpus $(WIKIPEDIA)/enwiki-2015-core.txt.xz --corpus $(WIKIPEDIA)/enwiki-2021-recent.txt.xz \
   --corpus $(WIKIPEDIA)/brown.txt.xz --corpus $(WIKIPEDIA)/austen.txt.xz --eval-corpus $(WIKITEXT)/wiki.test.tokens
-PRESERVE ?= 100
+PRESERVE ?= 1000
 ENCODER_LR_SCALE ?= 0.1
 FREEZE_STEPS ?= 300
 LR ?= 6e-4
