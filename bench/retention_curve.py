@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--mask-rate", type=float, default=0.2)
     parser.add_argument("--freeze-encoder-steps", type=int, default=0, help="as the trainer's flag")
     parser.add_argument("--encoder-lr-scale", type=float, default=1.0, help="as the trainer's flag")
-    parser.add_argument("--preserve-over", choices=["all", "unmasked"], default="all", help="as the trainer's flag")
+    parser.add_argument("--preserve-over", choices=["all", "unmasked", "clean"], default="all", help="as the trainer's flag")
     parser.add_argument("--work", type=Path, default=REPO_ROOT / "runs" / "retention-curve")
     args = parser.parse_args()
     rows = []

@@ -33,7 +33,7 @@ from trainer.options import TrainOptions
 from trainer.retention import build_probe
 from trainer.run_files import RunFiles, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
-from trainer.step import PreTrainingStep, mean_pooled, pooling_mask
+from trainer.step import PreTrainingStep, first_segments, mean_pooled, pooling_mask
 from trainer.warm_start import WarmStart, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
@@ -189,8 +189,7 @@ class Training:
             warm_source = warm.source if warm is not None and started_from is None else None
         self.files.start(resumed=resume is not None, started_from=started_from, warm_start=warm_source)
 
-        self.step_module = PreTrainingStep(self.model, with_sentence_vectors=self.teacher is not None,
-                                           pool_unmasked_only=options.preserve_over == "unmasked")
+        self.step_module = PreTrainingStep(self.model, options.preserve_over if self.teacher is not None else None)
         self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)
                         if placement.world > 1 else self.step_module)
         # Batch widths and masked-token counts change every step: compile for dynamic shapes, not one graph per shape.
@@ -318,16 +317,20 @@ class Training:
             positions = masked.positions[lo:hi].to(device)
             last = index == options.grad_accum - 1
             inputs = (masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device), part.attention_mask.to(device))
+            clean = None
+            if self.teacher is not None and options.preserve_over == "clean":  # the unmasked ids, first segments
+                clean = tuple(t.to(device) for t in first_segments(part.input_ids, part.token_type_ids,
+                                                                   part.attention_mask, self.data.tokenizer.sep_id))
             with nullcontext() if (last or world == 1) else self.wrapped.no_sync():
                 with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                    mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions)
+                    mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions, clean)
                 mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # losses in float32
                 nsp_labels = part.nsp_labels.to(device)
                 mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
                 nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
                 loss = mlm_sum / total_masked + nsp_sum / options.batch_size
                 if self.teacher is not None:
-                    drift_sum = self._drift(inputs, positions, vectors).sum()
+                    drift_sum = self._drift(inputs, positions, clean, vectors).sum()
                     loss = loss + options.preserve_embeddings * drift_sum / options.batch_size
                     totals["drift"] += drift_sum.item()
                 (loss * world).backward()
@@ -355,16 +358,22 @@ class Training:
             stats["loss"] += self.options.preserve_embeddings * stats["embedding_drift"]
         return stats
 
-    def _drift(self, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
-        """(B,) cosine distance between the model's mean-pooled vectors of these inputs and the frozen
-        starting encoder's (both on the same, masked, input, pooled over the same tokens: the term keeps the
-        encoder's function)."""
-        input_ids, token_type_ids, attention_mask = inputs
+    def _drift(self, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor,
+               clean: tuple[torch.Tensor, torch.Tensor] | None, vectors: torch.Tensor) -> torch.Tensor:
+        """(B,) cosine distance between the model's mean-pooled vectors and the frozen starting encoder's of
+        the same tokens: the masked pairs as trained (pooled over the same positions), or the clean first
+        segments."""
         with torch.no_grad(), torch.autocast(self.placement.device.type, dtype=self.autocast,
                                              enabled=self.autocast is not None):
-            hidden, _ = self.teacher(input_ids, token_type_ids, attention_mask)
-            reference = mean_pooled(hidden, pooling_mask(attention_mask, positions,
-                                                         self.options.preserve_over == "unmasked"))
+            if clean is not None:
+                clean_ids, clean_mask = clean
+                hidden, _ = self.teacher(clean_ids, torch.zeros_like(clean_ids), clean_mask)
+                reference = mean_pooled(hidden, clean_mask)
+            else:
+                input_ids, token_type_ids, attention_mask = inputs
+                hidden, _ = self.teacher(input_ids, token_type_ids, attention_mask)
+                reference = mean_pooled(hidden, pooling_mask(attention_mask, positions,
+                                                             self.options.preserve_over == "unmasked"))
         return 1.0 - F.cosine_similarity(vectors.float(), reference.float(), dim=-1)
 
 

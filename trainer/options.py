@@ -36,10 +36,11 @@ class TrainOptions:
                                              "training batch and those of the frozen starting encoder, added to the "
                                              "loss, so continued MLM training keeps what a sentence-embedding model "
                                              "was good at. 0 turns it off; costs a forward pass of the frozen encoder.")
-    preserve_over: str = option("all", "Which tokens the preservation term pools: all (the training input as it "
-                                       "is) or unmasked (the masked-LM positions left out of both means, so the "
-                                       "term does not hold the [MASK] outputs that the masked-LM loss must move).",
-                                choices=["all", "unmasked"])
+    preserve_over: str = option("all", "What the preservation term compares: all (the training pair as it is, "
+                                       "[MASK]s included), unmasked (the same without the masked-LM positions), "
+                                       "or clean (each pair's first segment without masks, embedded alone as "
+                                       "users embed a passage; an extra forward and backward over those tokens).",
+                                choices=["all", "unmasked", "clean"])
     freeze_encoder_steps: int = option(0, "Steps at the start of the run in which only the heads and pooler learn "
                                           "(the encoder and embeddings stay as --init-from gave them), so that fresh "
                                           "heads do not push the encoder with their first, random gradients.")

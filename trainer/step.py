@@ -20,49 +20,83 @@ def pooling_mask(attention_mask: torch.Tensor, mlm_positions: torch.Tensor, unma
     return attention_mask * ~mlm_positions if unmasked_only else attention_mask
 
 
-def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                       attention_mask: torch.Tensor, mlm_positions: torch.Tensor, with_sentence_vectors: bool = False,
-                       pool_unmasked_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(MLM logits at the boolean (B, T) `mlm_positions`, (N, V) row-major; NSP logits (B, 2); mean-pooled
-    last-layer vectors (B, H) if asked, else None; over the tokens outside `mlm_positions` only if
-    `pool_unmasked_only`).
+# The clean first segments are cut to this many tokens: passages as long as the retention probe's sentences
+# (trainer.retention), and half a training pair, so the term's extra forward and backward stay cheap.
+CLEAN_MAX_TOKENS = 64
 
-    Equal to `model(...)`'s logits, for less work: without sentence vectors the heads read the last
-    layer at the masked positions and [CLS] only, so that layer computes queries, attention, output
+
+def first_segments(input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor, sep_id: int,
+                   max_tokens: int = CLEAN_MAX_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each pair's `[CLS] A [SEP]` alone, as users embed a passage, A cut to fit `max_tokens`:
+    (ids (B, W), attention mask (B, W)), W <= max_tokens.
+
+    Segment B's tokens may remain past a row's end; the mask hides them from attention and from the mean."""
+    mask = attention_mask * (token_type_ids == 0)
+    lengths = mask.sum(1)
+    width = min(int(lengths.max()), max_tokens)
+    ids, mask = input_ids[:, :width].clone(), mask[:, :width]
+    ids[lengths > width, width - 1] = sep_id  # a cut segment still ends as a passage does
+    return ids, mask
+
+
+# How the preservation term's sentence vectors are taken (--preserve-over): from the training pair as it is
+# ("all"), the same without the predicted positions ("unmasked"), or from each pair's first segment without
+# its masks, embedded alone ("clean").
+VECTOR_SOURCES = ("all", "unmasked", "clean")
+
+
+def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                       attention_mask: torch.Tensor, mlm_positions: torch.Tensor, sentence_vectors: str | None = None,
+                       clean: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(MLM logits at the boolean (B, T) `mlm_positions`, (N, V) row-major; NSP logits (B, 2); mean-pooled
+    last-layer vectors (B, H) taken as `sentence_vectors` says (one of VECTOR_SOURCES; "clean" reads the
+    `first_segments` given as `clean`), or None).
+
+    Equal to `model(...)`'s logits, for less work: unless the pair's own sentence vectors are needed the heads
+    read the last layer at the masked positions and [CLS] only, so that layer computes queries, attention, output
     projection and feed-forward for those ~16% of tokens (keys and values still for all). For `mini`
-    this skips a fifth of the encoder's FLOPs. Sentence vectors need every token of the last layer.
+    this skips a fifth of the encoder's FLOPs. Sentence vectors of the pair need every token of the last layer.
     """
     if not (model.has_mlm_head and model.has_nsp_head):
         raise RuntimeError("pre-training needs both the masked-LM and the next-sentence head")
+    if sentence_vectors not in (None, *VECTOR_SOURCES):
+        raise ValueError(f"sentence_vectors must be one of {VECTOR_SOURCES} or None, not {sentence_vectors!r}")
     embedded = model.bert.embeddings(input_ids, token_type_ids)
     key_mask = key_padding_mask(attention_mask)
-    if with_sentence_vectors:
+    if sentence_vectors in ("all", "unmasked"):
         hidden = model.bert.encoder(embedded, key_mask)  # (B, T, H)
         mlm = model.cls.predictions(hidden[mlm_positions])
         nsp = model.nsp_logits_from_cls(hidden[:, 0])
-        return mlm, nsp, mean_pooled(hidden, pooling_mask(attention_mask, mlm_positions, pool_unmasked_only))
+        pooled = pooling_mask(attention_mask, mlm_positions, sentence_vectors == "unmasked")
+        return mlm, nsp, mean_pooled(hidden, pooled)
     is_cls = torch.zeros_like(mlm_positions)
     is_cls[:, 0] = True
     keep = mlm_positions | is_cls
     kept = model.bert.encoder(embedded, key_mask, keep_last=keep)  # (K, H)
     mlm = model.cls.predictions(kept[mlm_positions[keep]])
     nsp = model.nsp_logits_from_cls(kept[is_cls[keep]])
-    return mlm, nsp, None
+    if sentence_vectors != "clean":
+        return mlm, nsp, None
+    if clean is None:
+        raise ValueError('sentence_vectors="clean" needs the first segments (`clean`)')
+    clean_ids, clean_mask = clean
+    hidden = model.bert.encoder(model.bert.embeddings(clean_ids, torch.zeros_like(clean_ids)),
+                                key_padding_mask(clean_mask))
+    return mlm, nsp, mean_pooled(hidden, clean_mask)
 
 
 class PreTrainingStep(nn.Module):
     """DDP and torch.compile wrap a module's `forward`; this one's is `pretraining_logits`."""
 
-    def __init__(self, model: BertForPreTraining, with_sentence_vectors: bool = False,
-                 pool_unmasked_only: bool = False):
+    def __init__(self, model: BertForPreTraining, sentence_vectors: str | None = None):
         super().__init__()
         self.model = model
-        self.with_sentence_vectors = with_sentence_vectors
-        self.pool_unmasked_only = pool_unmasked_only
+        self.sentence_vectors = sentence_vectors
 
-    def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions):
+    def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions, clean=None):
         return pretraining_logits(self.model, input_ids, token_type_ids, attention_mask, mlm_positions,
-                                  self.with_sentence_vectors, self.pool_unmasked_only)
+                                  self.sentence_vectors, clean)
 
 
-__all__ = ["PreTrainingStep", "mean_pooled", "pooling_mask", "pretraining_logits"]
+__all__ = ["VECTOR_SOURCES", "PreTrainingStep", "first_segments", "mean_pooled", "pooling_mask", "pretraining_logits"]

@@ -18,7 +18,7 @@ from tests.conftest import random_model
 from tests.trainer.conftest import tiny_run_args
 from trainer.cli import main
 from trainer.retention import retention_metrics
-from trainer.step import mean_pooled, pretraining_logits
+from trainer.step import first_segments, mean_pooled, pretraining_logits
 
 VOCAB_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -76,16 +76,18 @@ def test_preserving_embeddings_keeps_the_encoder_closer(tmp_path, tokenizer, sma
     """The same run with and without the term: the term must hold the sentence vectors nearer the start."""
     start = encoder_directory(tmp_path / "start", tokenizer)
     cosines = {}
-    for weight in (0, 20):
-        output = tmp_path / f"out-{weight}"
+    for weight, over in ((0, "all"), (20, "all"), (20, "clean")):
+        output = tmp_path / f"out-{weight}-{over}"
         args = {"--init-from": start, "--max-steps": 12, "--eval-every": 12, "--lr": 3e-3, "--dropout": 0}
         if weight:
-            args["--preserve-embeddings"] = weight
+            args |= {"--preserve-embeddings": weight, "--preserve-over": over}
         assert main(tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **args)) == 0
-        cosines[weight] = json.loads((output / "training_metadata.json").read_text())["eval"]["embedding_mean_cosine"]
+        evaluation = json.loads((output / "training_metadata.json").read_text())["eval"]
+        cosines[weight, over] = evaluation["embedding_mean_cosine"]
         rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
         assert all(("embedding_drift" in r) == bool(weight) for r in rows if "loss" in r)
-    assert cosines[20] > cosines[0] + 0.02, cosines
+    assert cosines[20, "all"] > cosines[0, "all"] + 0.02, cosines
+    assert cosines[20, "clean"] > cosines[0, "all"] + 0.02, cosines
 
 
 def test_sentence_vectors_of_the_training_step_equal_the_full_forward():
@@ -97,18 +99,45 @@ def test_sentence_vectors_of_the_training_step_equal_the_full_forward():
     positions = torch.zeros_like(ids, dtype=torch.bool)
     positions[:, 2] = True
     full = model(ids, types, mask, mlm_positions=positions)
-    mlm, nsp, vectors = pretraining_logits(model, ids, types, mask, positions, with_sentence_vectors=True)
+    mlm, nsp, vectors = pretraining_logits(model, ids, types, mask, positions, sentence_vectors="all")
     torch.testing.assert_close(mlm, full.mlm_logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(nsp, full.nsp_logits, rtol=0, atol=1e-5)
     row = full.last_hidden_state[1, :8].mean(0)  # the padded row: a mean over its 8 real tokens only
     torch.testing.assert_close(vectors[1], row, rtol=0, atol=1e-5)
     torch.testing.assert_close(vectors, mean_pooled(full.last_hidden_state, mask))
     # --preserve-over unmasked: the same vectors without the predicted positions (column 2 and nothing else)
-    *_, unmasked = pretraining_logits(model, ids, types, mask, positions, with_sentence_vectors=True,
-                                      pool_unmasked_only=True)
+    *_, unmasked = pretraining_logits(model, ids, types, mask, positions, sentence_vectors="unmasked")
     kept = [0, 1, 3, 4, 5, 6, 7]
     torch.testing.assert_close(unmasked[1], full.last_hidden_state[1, kept].mean(0), rtol=0, atol=1e-5)
     assert not torch.allclose(unmasked[1], vectors[1], atol=1e-4)
+
+
+def test_clean_first_segments_are_embedded_alone_as_users_embed_them():
+    """--preserve-over clean: each pair's [CLS] A [SEP] without masks, through the encoder on its own."""
+    model = random_model(300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    clean_ids = torch.randint(5, 300, (2, 12), generator=torch.Generator().manual_seed(2))
+    types = torch.zeros_like(clean_ids)
+    types[0, 5:] = 1  # row 0: A is [CLS] + 3 pieces + [SEP] (5 tokens), B the rest
+    types[1, 7:11] = 1  # row 1: A is 7 tokens, B 4, then one pad
+    mask = torch.ones_like(clean_ids)
+    mask[1, 11] = 0
+    masked_ids = clean_ids.clone()
+    positions = torch.zeros_like(clean_ids, dtype=torch.bool)
+    positions[:, [2, 8]] = True
+    masked_ids[positions] = 3  # the masks the MLM loss sees; the clean segments must not
+    segments = first_segments(clean_ids, types, mask, sep_id=4)
+    assert segments[0].shape == (2, 7) and segments[1].sum(1).tolist() == [5, 7]
+    cut_ids, cut_mask = first_segments(clean_ids, types, mask, sep_id=4, max_tokens=6)  # row 1 cut to 6
+    assert cut_mask.sum(1).tolist() == [5, 6] and cut_ids[1, 5] == 4 and cut_ids[1, :5].equal(clean_ids[1, :5])
+    assert cut_ids[0].equal(clean_ids[0, :6])  # a segment that fits is untouched
+    full = model(masked_ids, types, mask, mlm_positions=positions)
+    mlm, nsp, vectors = pretraining_logits(model, masked_ids, types, mask, positions, sentence_vectors="clean",
+                                           clean=segments)
+    torch.testing.assert_close(mlm, full.mlm_logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(nsp, full.nsp_logits, rtol=0, atol=1e-5)
+    for row, length in enumerate([5, 7]):
+        alone = model.bert(clean_ids[row : row + 1, :length])[0]  # the service's view: one passage, no padding
+        torch.testing.assert_close(vectors[row], alone[0].mean(0), rtol=0, atol=1e-5)
 
 
 def test_retention_metrics_tell_kept_from_lost_neighbourhoods():
