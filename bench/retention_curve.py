@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from devkit.paths import REPO_ROOT, WIKIPEDIA_DIR, WIKITEXT_TEST, minilm_dir
+from trainer.options import VECTOR_SOURCES
 
 CORPORA = ["enwiki-2015-core.txt.xz", "enwiki-2021-recent.txt.xz", "brown.txt.xz", "austen.txt.xz"]
 
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--mask-rate", type=float, default=0.2)
     parser.add_argument("--freeze-encoder-steps", type=int, default=0, help="as the trainer's flag")
     parser.add_argument("--encoder-lr-scale", type=float, default=1.0, help="as the trainer's flag")
-    parser.add_argument("--preserve-over", choices=["all", "unmasked", "clean"], default="all", help="as the trainer's flag")
+    parser.add_argument("--preserve-over", choices=VECTOR_SOURCES, default="all", help="as the trainer's flag")
     parser.add_argument("--work", type=Path, default=REPO_ROOT / "runs" / "retention-curve")
     args = parser.parse_args()
     rows = []

@@ -33,7 +33,7 @@ from trainer.options import TrainOptions
 from trainer.retention import build_probe
 from trainer.run_files import RunFiles, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
-from trainer.step import PreTrainingStep, first_segments, mean_pooled, pooling_mask
+from trainer.step import PreTrainingStep, first_segments, mean_pooled, vector_inputs
 from trainer.warm_start import WarmStart, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
@@ -361,19 +361,12 @@ class Training:
     def _drift(self, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor,
                clean: tuple[torch.Tensor, torch.Tensor] | None, vectors: torch.Tensor) -> torch.Tensor:
         """(B,) cosine distance between the model's mean-pooled vectors and the frozen starting encoder's of
-        the same tokens: the masked pairs as trained (pooled over the same positions), or the clean first
-        segments."""
+        the same tokens (`vector_inputs`: the masked pairs as trained, or the clean first segments)."""
+        ids, types, attention, pooled = vector_inputs(self.options.preserve_over, *inputs, positions, clean)
         with torch.no_grad(), torch.autocast(self.placement.device.type, dtype=self.autocast,
                                              enabled=self.autocast is not None):
-            if clean is not None:
-                clean_ids, clean_mask = clean
-                hidden, _ = self.teacher(clean_ids, torch.zeros_like(clean_ids), clean_mask)
-                reference = mean_pooled(hidden, clean_mask)
-            else:
-                input_ids, token_type_ids, attention_mask = inputs
-                hidden, _ = self.teacher(input_ids, token_type_ids, attention_mask)
-                reference = mean_pooled(hidden, pooling_mask(attention_mask, positions,
-                                                             self.options.preserve_over == "unmasked"))
+            hidden, _ = self.teacher(ids, types, attention)
+            reference = mean_pooled(hidden, pooled)
         return 1.0 - F.cosine_similarity(vectors.float(), reference.float(), dim=-1)
 
 

@@ -9,6 +9,10 @@ from model.config import PRESETS
 from trainer.download import DEFAULT_CACHE
 
 
+# What --preserve-over may name (trainer.step.vector_inputs says what each embeds and averages).
+VECTOR_SOURCES = ("all", "unmasked", "clean")
+
+
 def option(default, help: str, **extra):  # noqa: A002 - mirrors argparse's name
     return field(default=default, metadata={"help": help, **extra})
 
@@ -40,7 +44,7 @@ class TrainOptions:
                                        "[MASK]s included), unmasked (the same without the masked-LM positions), "
                                        "or clean (each pair's first segment without masks, embedded alone as "
                                        "users embed a passage; an extra forward and backward over those tokens).",
-                                choices=["all", "unmasked", "clean"])
+                                choices=list(VECTOR_SOURCES))
     freeze_encoder_steps: int = option(0, "Steps at the start of the run in which only the heads and pooler learn "
                                           "(the encoder and embeddings stay as --init-from gave them), so that fresh "
                                           "heads do not push the encoder with their first, random gradients.")

@@ -7,17 +7,13 @@ import torch
 from torch import nn
 
 from model.bert import BertForPreTraining, key_padding_mask
+from trainer.options import VECTOR_SOURCES
 
 
 def mean_pooled(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B, T, H) -> (B, H): the mean over real tokens, special tokens included (sentence-transformers' rule)."""
     weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
     return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-
-
-def pooling_mask(attention_mask: torch.Tensor, mlm_positions: torch.Tensor, unmasked_only: bool) -> torch.Tensor:
-    """The tokens a sentence vector averages: every real token, or those the masked-LM loss does not predict."""
-    return attention_mask * ~mlm_positions if unmasked_only else attention_mask
 
 
 # The clean first segments are cut to this many tokens: passages as long as the retention probe's sentences
@@ -39,10 +35,19 @@ def first_segments(input_ids: torch.Tensor, token_type_ids: torch.Tensor, attent
     return ids, mask
 
 
-# How the preservation term's sentence vectors are taken (--preserve-over): from the training pair as it is
-# ("all"), the same without the predicted positions ("unmasked"), or from each pair's first segment without
-# its masks, embedded alone ("clean").
-VECTOR_SOURCES = ("all", "unmasked", "clean")
+def vector_inputs(source: str, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  mlm_positions: torch.Tensor, clean: tuple[torch.Tensor, torch.Tensor] | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the preservation term's sentence vectors embed and average, for the model and the frozen encoder
+    alike: (ids, token types, attention mask, pooling mask). `source` is --preserve-over: the training pair as it
+    is ("all"), the same without the predicted positions ("unmasked"), or the `first_segments` given as `clean`."""
+    if source == "clean":
+        if clean is None:
+            raise ValueError('sentence vectors of "clean" need the first segments (`clean`)')
+        ids, mask = clean
+        return ids, torch.zeros_like(ids), mask, mask
+    pooled = attention_mask * ~mlm_positions if source == "unmasked" else attention_mask
+    return input_ids, token_type_ids, attention_mask, pooled
 
 
 def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
@@ -50,8 +55,7 @@ def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token
                        clean: tuple[torch.Tensor, torch.Tensor] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(MLM logits at the boolean (B, T) `mlm_positions`, (N, V) row-major; NSP logits (B, 2); mean-pooled
-    last-layer vectors (B, H) taken as `sentence_vectors` says (one of VECTOR_SOURCES; "clean" reads the
-    `first_segments` given as `clean`), or None).
+    last-layer vectors (B, H) of `vector_inputs(sentence_vectors, ...)`, or None).
 
     Equal to `model(...)`'s logits, for less work: unless the pair's own sentence vectors are needed the heads
     read the last layer at the masked positions and [CLS] only, so that layer computes queries, attention, output
@@ -62,13 +66,15 @@ def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token
         raise RuntimeError("pre-training needs both the masked-LM and the next-sentence head")
     if sentence_vectors not in (None, *VECTOR_SOURCES):
         raise ValueError(f"sentence_vectors must be one of {VECTOR_SOURCES} or None, not {sentence_vectors!r}")
+    if sentence_vectors is not None:
+        ids, types, attention, pooled = vector_inputs(sentence_vectors, input_ids, token_type_ids, attention_mask,
+                                                      mlm_positions, clean)
     embedded = model.bert.embeddings(input_ids, token_type_ids)
     key_mask = key_padding_mask(attention_mask)
     if sentence_vectors in ("all", "unmasked"):
         hidden = model.bert.encoder(embedded, key_mask)  # (B, T, H)
         mlm = model.cls.predictions(hidden[mlm_positions])
         nsp = model.nsp_logits_from_cls(hidden[:, 0])
-        pooled = pooling_mask(attention_mask, mlm_positions, sentence_vectors == "unmasked")
         return mlm, nsp, mean_pooled(hidden, pooled)
     is_cls = torch.zeros_like(mlm_positions)
     is_cls[:, 0] = True
@@ -76,14 +82,10 @@ def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token
     kept = model.bert.encoder(embedded, key_mask, keep_last=keep)  # (K, H)
     mlm = model.cls.predictions(kept[mlm_positions[keep]])
     nsp = model.nsp_logits_from_cls(kept[is_cls[keep]])
-    if sentence_vectors != "clean":
+    if sentence_vectors is None:
         return mlm, nsp, None
-    if clean is None:
-        raise ValueError('sentence_vectors="clean" needs the first segments (`clean`)')
-    clean_ids, clean_mask = clean
-    hidden = model.bert.encoder(model.bert.embeddings(clean_ids, torch.zeros_like(clean_ids)),
-                                key_padding_mask(clean_mask))
-    return mlm, nsp, mean_pooled(hidden, clean_mask)
+    hidden = model.bert.encoder(model.bert.embeddings(ids, types), key_padding_mask(attention))  # the clean segments
+    return mlm, nsp, mean_pooled(hidden, pooled)
 
 
 class PreTrainingStep(nn.Module):
@@ -99,4 +101,4 @@ class PreTrainingStep(nn.Module):
                                   self.sentence_vectors, clean)
 
 
-__all__ = ["VECTOR_SOURCES", "PreTrainingStep", "first_segments", "mean_pooled", "pooling_mask", "pretraining_logits"]
+__all__ = ["PreTrainingStep", "first_segments", "mean_pooled", "pretraining_logits", "vector_inputs"]
