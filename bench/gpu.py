@@ -90,7 +90,7 @@ def gpu_tests(device: str, work: Path) -> dict:
 
 def serving(work: Path, dry_run: bool) -> dict:
     rows_file = work / "serving.json"
-    command = [sys.executable, "-m", "bench.serving", "--checkpoint", str(REPO_ROOT / "checkpoints" / "mini-wikipedia"),
+    command = [sys.executable, "-m", "bench.serving",  # the bundled model (bench.serving's default)
                "--concurrency", *(["4"] if dry_run else ["16", "64"]), "--inputs-per-request", "8",
                "--duration", "1" if dry_run else "15", "--sentences", "64" if dry_run else "2000",
                "--systems", "service", "--json", str(rows_file), *(["--batch-sizes", "1", "16"] if dry_run else [])]

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from devkit.paths import REPO_ROOT
 from devkit.server import start_service
+from service.settings import DEFAULT_CHECKPOINT
 
 # Eight inputs of ~60 words each: heavy requests, so that 10x capacity is a rate one load-generator process
 # on the same machine can actually offer.
@@ -159,7 +159,7 @@ def measure(checkpoint: Path, seconds: float, factor: float, server_flags: list[
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=Path, default=REPO_ROOT / "checkpoints/mini-wikipedia")
+    parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--factor", type=float, default=10.0, help="offered load as a multiple of capacity")
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],

