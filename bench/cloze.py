@@ -14,9 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 from model import load_checkpoint
+from trainer.export import top_answers
 
 PROBE = Path(__file__).with_name("data") / "cloze.tsv"
 
@@ -30,21 +29,16 @@ def read_probe(path: Path = PROBE) -> list[tuple[str, set[str]]]:
     return rows
 
 
-@torch.inference_mode()
 def probe(directory: Path, top_k: int = 5) -> dict:
     checkpoint = load_checkpoint(directory)
     model, tokenizer = checkpoint.model.float().eval(), checkpoint.tokenizer
     rows, top1, top5 = [], 0, 0
     for sentence, answers in read_probe():
-        encoded = tokenizer.encode(sentence)
-        ids = torch.tensor([encoded.ids])
-        hidden, _ = model.bert(ids, torch.tensor([encoded.type_ids]))
-        probs = model.mlm_logits(hidden, ids == tokenizer.mask_id).softmax(-1)[0]
-        scores, best = probs.topk(top_k)
-        tokens = [tokenizer.id_to_token(int(t)) for t in best]
+        top = top_answers(model, tokenizer, sentence, top_k)
+        tokens = [token for token, _ in top]
         hit1, hit5 = tokens[0] in answers, any(t in answers for t in tokens)
         top1, top5 = top1 + hit1, top5 + hit5
-        rows.append({"sentence": sentence, "top": [(t, round(float(s), 3)) for t, s in zip(tokens, scores)],
+        rows.append({"sentence": sentence, "top": [(t, round(p, 3)) for t, p in top],
                      "top1_hit": hit1, "top5_hit": hit5})
     return {"checkpoint": directory.name, "sentences": len(rows), "top1": top1 / len(rows), "top5": top5 / len(rows),
             "rows": rows}

@@ -229,17 +229,22 @@ def what_it_knows(evaluation: dict) -> str:
 
 
 @torch.inference_mode()
+def top_answers(model, tokenizer, text: str, top_k: int = 5) -> list[tuple[str, float]]:
+    """The top_k words for the one [MASK] in `text` with their probabilities, as `/fill-mask` computes them
+    (softmax over the whole vocabulary). `model` is a BertForPreTraining in eval mode."""
+    encoded = tokenizer.encode(text)
+    ids = torch.tensor([encoded.ids])
+    hidden, _ = model.bert(ids, torch.tensor([encoded.type_ids]))
+    scores, best = model.mlm_logits(hidden, ids == tokenizer.mask_id).softmax(-1)[0].topk(top_k)
+    return [(tokenizer.id_to_token(int(t)), float(p)) for t, p in zip(best, scores)]
+
+
 def fill_mask_examples(checkpoint, top_k: int = 5) -> str:
     """The top answers for a few sentences, as a table (what `/fill-mask` returns for them)."""
     model, tokenizer = checkpoint.model.float().eval(), checkpoint.tokenizer
     rows = ["| input | top 5 (probability) |", "| --- | --- |"]
     for text in FILL_MASK_EXAMPLES:
-        encoded = tokenizer.encode(text)
-        ids = torch.tensor([encoded.ids])
-        hidden, _ = model.bert(ids, torch.tensor([encoded.type_ids]))
-        probs = model.mlm_logits(hidden, ids == tokenizer.mask_id).softmax(-1)[0]
-        scores, top = probs.topk(top_k)
-        answers = ", ".join(f"{tokenizer.id_to_token(int(t))} ({float(p):.2f})" for t, p in zip(top, scores))
+        answers = ", ".join(f"{token} ({p:.2f})" for token, p in top_answers(model, tokenizer, text, top_k))
         rows.append(f"| `{text}` | {answers} |")
     return "\n".join(rows)
 
