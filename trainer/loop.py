@@ -95,6 +95,25 @@ def build_optimizer(model: torch.nn.Module, options: TrainOptions, device: torch
     return torch.optim.AdamW(param_groups, lr=options.lr, betas=(0.9, 0.98), eps=1e-6, fused=device.type == "cuda")
 
 
+def restore_optimizer(optimizer: torch.optim.AdamW, state: dict, options: TrainOptions) -> None:
+    """Load a saved optimizer's moments into `optimizer`, keeping this invocation's --encoder-lr-scale and
+    --weight-decay (load_state_dict alone would bring back the saved ones and silently ignore the flags, while
+    --lr is honoured: a resumed run may change its rates, as a staged recipe does)."""
+    chosen = [(group["lr_scale"], group["weight_decay"]) for group in optimizer.param_groups]
+    saved_scales = sorted({group.get("lr_scale", 1.0) for group in state["param_groups"]})
+    try:
+        optimizer.load_state_dict(state)
+    except ValueError:  # another group layout: an encoder scale of 1 puts the encoder in the heads' groups
+        raise ValueError(f"--resume: the run's optimizer was saved with encoder learning-rate scale(s) {saved_scales}, "
+                         f"which group the parameters differently from --encoder-lr-scale {options.encoder_lr_scale}; "
+                         "resume with a scale on the same side of 1, or start a new --output") from None
+    for group, (scale, decay) in zip(optimizer.param_groups, chosen):
+        if group.get("lr_scale") != scale or group["weight_decay"] != decay:
+            log.info("resumed with learning-rate scale %g (saved %g) and weight decay %g (saved %g) for %d tensors",
+                     scale, group.get("lr_scale", 1.0), decay, group["weight_decay"], len(group["params"]))
+        group["lr_scale"], group["weight_decay"] = scale, decay
+
+
 def lr_factor(progress: float, warmup: float) -> float:
     """Linear warm-up to the peak over `warmup` of the run, then linear decay to 0."""
     if progress < warmup:
@@ -174,7 +193,7 @@ class Training:
                                    self.data.weights)
         self.progress = Progress(cursors=self.pairs.initial_cursors())
         if resume is not None:
-            self.optimizer.load_state_dict(resume.optimizer_state)
+            restore_optimizer(self.optimizer, resume.optimizer_state, options)
             self.progress = resume.progress
             torch.set_rng_state(resume.rng_state)  # the dropout stream continues where it was saved
             log.info("resumed from step %d", self.progress.step)

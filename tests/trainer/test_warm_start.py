@@ -236,3 +236,28 @@ def test_encoder_lr_scale_moves_the_encoder_less(tmp_path, tokenizer, small_corp
     encoder_ratio = moved["0.05"][0] / moved["1"][0]
     assert 0.02 < encoder_ratio < 0.15, moved
     assert 0.5 < moved["0.05"][1] / moved["1"][1] < 2, moved  # the NSP head learns at full rate either way
+
+
+def test_a_resumed_run_takes_this_invocations_encoder_rate_and_keeps_the_moments(tokenizer):
+    """load_state_dict alone brings back the saved lr_scale: a changed --encoder-lr-scale would be ignored."""
+    import dataclasses
+
+    from trainer.loop import build_optimizer, restore_optimizer
+    from trainer.options import TrainOptions
+
+    model = random_model(tokenizer.vocab_size)
+    base = TrainOptions(corpus=[Path("unused")], output=Path("unused"))
+    saved = build_optimizer(model, dataclasses.replace(base, encoder_lr_scale=0.1), torch.device("cpu"))
+    model(torch.tensor([[2, 5, 6, 3]]), torch.zeros(1, 4, dtype=torch.long)).nsp_logits.sum().backward()
+    saved.step()
+    state = saved.state_dict()
+
+    resumed = build_optimizer(model, dataclasses.replace(base, encoder_lr_scale=0.3), torch.device("cpu"))
+    restore_optimizer(resumed, state, dataclasses.replace(base, encoder_lr_scale=0.3))
+    assert sorted({g["lr_scale"] for g in resumed.param_groups}) == [0.3, 1.0]
+    moments = [resumed.state[p]["exp_avg"] for g in resumed.param_groups for p in g["params"] if p in resumed.state]
+    assert moments and any(m.abs().sum() > 0 for m in moments)  # Adam's moments came back
+
+    full_rate = build_optimizer(model, base, torch.device("cpu"))  # scale 1: the encoder joins the heads' groups
+    with pytest.raises(ValueError, match=r"--resume: .*scale\(s\) \[0\.1, 1\.0\].*--encoder-lr-scale 1\.0"):
+        restore_optimizer(full_rate, state, base)
