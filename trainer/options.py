@@ -79,7 +79,7 @@ class TrainOptions:
     workers: int = option(0, "Processes that split corpora into sentences (0 = one per core).")
     save_dtype: str = option("float32", "Weight dtype of the final checkpoint.", choices=["float32", "float16", "bfloat16"])
     cache_dir: Path = option(DEFAULT_CACHE, "Where downloads, trained tokenizers and token-id caches are kept.")
-    resume: bool = option(False, "Continue from the newest good checkpoint in OUTPUT/checkpoints.")
+    resume: bool = option(False, "Continue from the newest good checkpoint in OUTPUT/checkpoints (weights, Adam's moments, data position, schedule); this command's --lr, --encoder-lr-scale and --weight-decay apply from there on.")
     progress: bool = option(True, "Show a progress bar.")
 
     def __post_init__(self) -> None:
