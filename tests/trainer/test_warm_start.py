@@ -264,3 +264,12 @@ def test_a_resumed_run_takes_this_invocations_encoder_rate_and_keeps_the_moments
     full_rate = build_optimizer(model, base, torch.device("cpu"))  # scale 1: the encoder joins the heads' groups
     with pytest.raises(ValueError, match=r"--resume: .*scale\(s\) \[0\.1, 1\.0\].*--encoder-lr-scale 1\.0"):
         restore_optimizer(full_rate, state, base)
+
+
+def test_the_card_recommends_the_embeddings_for_search_only_when_the_neighbourhoods_were_kept():
+    from trainer.export import embedding_words
+
+    warm = {"name": "all-MiniLM-L6-v2"}
+    assert "serve search nearly as that model does" in embedding_words({"embedding_nn_agreement": 0.93}, warm)
+    assert "drifted" in embedding_words({"embedding_nn_agreement": 0.24}, warm)
+    assert embedding_words({"embedding_nn_agreement": 0.93}, None) == embedding_words({}, warm) == ""
