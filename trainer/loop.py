@@ -31,7 +31,7 @@ from trainer.examples import PairBatch, TrainingPairs, collate
 from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
 from trainer.options import TrainOptions
 from trainer.retention import build_probe
-from trainer.run_files import RunFiles, earlier_stage
+from trainer.run_files import RunFiles, command_history, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
 from trainer.step import PreTrainingStep, first_segments, mean_pooled, vector_inputs
 from trainer.warm_start import WarmStart, frozen_encoder, load_warm_start
@@ -205,10 +205,13 @@ class Training:
         if resume is not None:
             started_from = resume.checkpoint.metadata.get("started_from")
             warm_source = resume.checkpoint.metadata.get("warm_start")
+            earlier_commands = command_history(resume.checkpoint.metadata)
         else:
+            earlier_commands = None
             started_from = earlier_stage(options.init_from) if options.init_from is not None else None
             warm_source = warm.source if warm is not None and started_from is None else None
-        self.files.start(resumed=resume is not None, started_from=started_from, warm_start=warm_source)
+        self.files.start(resumed=resume is not None, started_from=started_from, warm_start=warm_source,
+                         earlier_commands=earlier_commands, at_step=self.progress.step)
 
         self.step_module = PreTrainingStep(self.model, options.preserve_over if self.teacher is not None else None)
         self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)

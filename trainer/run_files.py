@@ -26,9 +26,15 @@ def earlier_stage(init_from: Path) -> dict | None:
     """What an --init-from run continues: the earlier run's command, options, progress and evaluation
     (and, nested, whatever that one continued), so that a model card can tell the whole training."""
     earlier = read_metadata(Path(init_from))
-    return {key: earlier.get(key) for key in ("command", "options", "progress", "device", "eval", "started_from",
+    return {key: earlier.get(key) for key in ("command", "commands", "options", "progress", "device", "eval", "started_from",
                                               "warm_start")} \
         if earlier else None
+
+
+def command_history(metadata: dict) -> list[dict]:
+    """The commands that trained a run, each with the step it took over at (metadata written before the history
+    was kept has only its latest command)."""
+    return metadata.get("commands") or [{"from_step": 0, "command": metadata.get("command", "?")}]
 
 
 class RunFiles:
@@ -43,12 +49,17 @@ class RunFiles:
         if is_writer:
             _check_writable(output)
 
-    def start(self, resumed: bool, started_from: dict | None = None, warm_start: dict | None = None) -> None:
+    def start(self, resumed: bool, started_from: dict | None = None, warm_start: dict | None = None,
+              earlier_commands: list[dict] | None = None, at_step: int = 0) -> None:
         """A resumed run continues its metrics; a new one starts them afresh. `started_from`: what the
         run continues (earlier_stage), `warm_start`: the checkpoint it started from when we did not
-        train that one; both recorded in every checkpoint's metadata."""
+        train that one; both recorded in every checkpoint's metadata. `earlier_commands`: a resumed run's
+        command history, which gains this command if it differs (a run resumed with other rates says so)."""
         self.started_from = started_from
         self.warm_start = warm_start
+        self.commands = list(earlier_commands or [])
+        if not self.commands or self.commands[-1]["command"] != self.command:
+            self.commands.append({"from_step": at_step, "command": self.command})
         if not self.is_writer:
             return
         if resumed:
@@ -70,6 +81,7 @@ class RunFiles:
             "format": "bert-serve/1",
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": self.command,
+            "commands": self.commands,  # every command that trained this run, with the step it took over at
             "options": options.to_json(),
             "data": data.description,
             "progress": asdict(progress),

@@ -92,6 +92,27 @@ def test_a_continued_run_records_what_it_continued_and_its_card_tells_both(tmp_p
     assert f"`{metadata['started_from']['command']}`" in card  # the first run's command, as recorded
 
 
+def test_a_run_resumed_with_other_rates_records_both_commands_and_its_card_tells_them(tmp_path, small_corpus,
+                                                                                      small_eval_corpus, shared_cache):
+    from trainer.export import export
+
+    output = tmp_path / "out"
+    first = tiny_run_args(small_corpus, small_eval_corpus, output, shared_cache, **{"--max-steps": 4, "--lr": 1e-3})
+    assert main(first) == 0
+    second = tiny_run_args(small_corpus, small_eval_corpus, output, shared_cache,
+                           **{"--max-steps": 8, "--lr": 5e-4, "--resume": True})
+    assert main(second) == 0
+    metadata = json.loads((output / "training_metadata.json").read_text())
+    commands = metadata["commands"]
+    assert [c["from_step"] for c in commands] == [0, 4]
+    assert "--lr 0.001" in commands[0]["command"] and "--lr 0.0005 --resume" in commands[1]["command"]
+    assert metadata["command"] == commands[1]["command"] == "python -m trainer " + " ".join(second)
+    assert main(second) == 0  # the same command again adds nothing
+    assert json.loads((output / "training_metadata.json").read_text())["commands"] == commands
+    card = (export(output, tmp_path / "exported", torch.float16) / "README.md").read_text()
+    assert f"- Command: `{commands[0]['command']}`; from step 4: `{commands[1]['command']}`" in card
+
+
 def test_second_run_reuses_the_token_cache(tmp_path, small_corpus, small_eval_corpus):
     cache = tmp_path / "cache"
     args = lambda out: tiny_run_args(small_corpus, small_eval_corpus, tmp_path / out, cache, **{"--max-steps": 1})  # noqa: E731
