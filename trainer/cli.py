@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 import types
 import typing
@@ -62,12 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.corpus import CorpusError
     from trainer.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError
     from trainer.loop import Interrupted, train
+    from trainer.run_files import command_line
 
     try:
         options = TrainOptions(**vars(args))
-        # what the user ran (main([...]) from Python passes its own list, not this process's arguments)
-        command = shlex.join(["python", "-m", "trainer", *(sys.argv[1:] if argv is None else map(str, argv))])
-        output = train(options, command)
+        output = train(options, command_line(argv))  # main([...]) from Python: its list, not this process's argv
     except Interrupted as interrupt:
         return 128 + interrupt.signum
     except DownloadError as exc:  # a distinct code, so a supervisor can tell "retry later" from "never"

@@ -96,10 +96,10 @@ def build_optimizer(model: torch.nn.Module, options: TrainOptions, device: torch
 
 
 def restore_optimizer(optimizer: torch.optim.AdamW, state: dict, options: TrainOptions) -> None:
-    """Load a saved optimizer's moments into `optimizer`, keeping this invocation's --encoder-lr-scale and
-    --weight-decay (load_state_dict alone would bring back the saved ones and silently ignore the flags, while
-    --lr is honoured: a resumed run may change its rates, as a staged recipe does)."""
-    chosen = [(group["lr_scale"], group["weight_decay"]) for group in optimizer.param_groups]
+    """Load a saved optimizer's moments into `optimizer`, keeping every group setting this invocation built
+    (--encoder-lr-scale's lr_scale, --weight-decay, ...): load_state_dict alone would bring back the saved ones and
+    silently ignore the flags, while --lr is honoured; a resumed run may change its rates, as a staged recipe does."""
+    chosen = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
     saved_scales = sorted({group.get("lr_scale", 1.0) for group in state["param_groups"]})
     try:
         optimizer.load_state_dict(state)
@@ -107,11 +107,13 @@ def restore_optimizer(optimizer: torch.optim.AdamW, state: dict, options: TrainO
         raise ValueError(f"--resume: the run's optimizer was saved with encoder learning-rate scale(s) {saved_scales}, "
                          f"which group the parameters differently from --encoder-lr-scale {options.encoder_lr_scale}; "
                          "resume with a scale on the same side of 1, or start a new --output") from None
-    for group, (scale, decay) in zip(optimizer.param_groups, chosen):
-        if group.get("lr_scale") != scale or group["weight_decay"] != decay:
-            log.info("resumed with learning-rate scale %g (saved %g) and weight decay %g (saved %g) for %d tensors",
-                     scale, group.get("lr_scale", 1.0), decay, group["weight_decay"], len(group["params"]))
-        group["lr_scale"], group["weight_decay"] = scale, decay
+    for group, settings in zip(optimizer.param_groups, chosen):
+        changed = {key: f"{value} (saved {group.get(key)})" for key, value in settings.items()
+                   if key != "lr" and group.get(key) != value}  # the schedule sets lr at every step
+        if changed:
+            log.info("resumed with %s for %d tensors", ", ".join(f"{k} {v}" for k, v in changed.items()),
+                     len(group["params"]))
+        group.update(settings)
 
 
 def lr_factor(progress: float, warmup: float) -> float:

@@ -31,6 +31,11 @@ def earlier_stage(init_from: Path) -> dict | None:
         if earlier else None
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The trainer's command as recorded in the metadata: `argv` as main() was given it, else this process's."""
+    return shlex.join(["python", "-m", "trainer", *(sys.argv[1:] if argv is None else map(str, argv))])
+
+
 def command_history(metadata: dict) -> list[dict]:
     """The commands that trained a run, each with the step it took over at (metadata written before the history
     was kept has only its latest command)."""
@@ -40,7 +45,7 @@ def command_history(metadata: dict) -> list[dict]:
 class RunFiles:
     def __init__(self, output: Path, is_writer: bool, command: str | None = None):
         self.output = output
-        self.command = command or shlex.join(["python", "-m", "trainer", *sys.argv[1:]])
+        self.command = command or command_line()
         self.is_writer = is_writer
         self.metrics_path = output / "metrics.jsonl"
         self.history: list[dict] = []
