@@ -43,14 +43,17 @@ def fill_mask_items(eval_set: EvalSet, tokenizer: WordPieceTokenizer) -> list[tu
 
 
 def pair_items(eval_set: EvalSet, tokenizer: WordPieceTokenizer) -> list[tuple[str, str, bool]]:
-    """(sentence A, sentence B, B follows A) for every held-out pair."""
+    """(sentence A, sentence B, B follows A) for every held-out pair whose two segments have text (a segment of
+    unknown pieces only decodes to nothing, which /nsp rightly refuses)."""
     items = []
     for batch, _ in eval_set.batches:
         for ids, types, mask, label in zip(batch.input_ids.tolist(), batch.token_type_ids.tolist(),
                                            batch.attention_mask.tolist(), batch.nsp_labels.tolist()):
             first = [i for i, t, m in zip(ids, types, mask) if m and t == 0]
             second = [i for i, t, m in zip(ids, types, mask) if m and t == 1]
-            items.append((tokenizer.decode(first), tokenizer.decode(second), label == 0))
+            text_a, text_b = tokenizer.decode(first), tokenizer.decode(second)
+            if text_a.strip() and text_b.strip():
+                items.append((text_a, text_b, label == 0))
     return items
 
 
@@ -66,20 +69,24 @@ def unmasked_pair_accuracy(model, eval_set: EvalSet) -> float:
     return right / count
 
 
+def checked(response: httpx.Response) -> httpx.Response:
+    if response.status_code != 200:
+        raise RuntimeError(f"{response.request.url.path} answered {response.status_code}: {response.text[:300]}")
+    return response
+
+
 def served_accuracy(url: str, fill_mask: list[tuple[str, int]], pairs: list[tuple[str, str, bool]]) -> dict:
     with httpx.Client(base_url=url, timeout=300) as client:
         words_right = 0
         for start in range(0, len(fill_mask), REQUEST_INPUTS):
             part = fill_mask[start : start + REQUEST_INPUTS]
-            response = client.post("/fill-mask", json={"inputs": [text for text, _ in part], "top_k": 1})
-            response.raise_for_status()
+            response = checked(client.post("/fill-mask", json={"inputs": [text for text, _ in part], "top_k": 1}))
             answers = [result["masks"][0]["predictions"][0]["token"] for result in response.json()["results"]]
             words_right += sum(answer == label for answer, (_, label) in zip(answers, part))
         pairs_right = 0
         for start in range(0, len(pairs), REQUEST_INPUTS):
             part = pairs[start : start + REQUEST_INPUTS]
-            response = client.post("/nsp", json={"inputs": [[a, b] for a, b, _ in part]})
-            response.raise_for_status()
+            response = checked(client.post("/nsp", json={"inputs": [[a, b] for a, b, _ in part]}))
             said = [result["is_next"] for result in response.json()["results"]]
             pairs_right += sum(is_next == follows for is_next, (_, _, follows) in zip(said, part))
     return {"whole_word_accuracy": words_right / len(fill_mask), "nsp_accuracy": pairs_right / len(pairs),

@@ -41,7 +41,7 @@ def test_items_are_the_trainers_evaluation_items_as_text():
     assert round_trips >= 0.9 * len(words)  # the text says what the trainer's ids say (accents may differ)
     pairs = heldout_service.pair_items(eval_set, tokenizer)
     labels = [label for batch, _ in eval_set.batches for label in batch.nsp_labels.tolist()]
-    assert [follows for _, _, follows in pairs] == [label == 0 for label in labels]
+    assert [follows for _, _, follows in pairs] == [label == 0 for label in labels]  # none of these is skipped
     assert all(a and b for a, b, _ in pairs)
 
 
