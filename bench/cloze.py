@@ -5,7 +5,7 @@ have one [MASK] and the answers a reader would accept. For each checkpoint: top-
 every sentence's top answers. Computed in-process the way /fill-mask computes them (softmax over the
 whole vocabulary at the mask).
 
-    python -m bench.cloze checkpoints/mini-wikipedia runs/warm --markdown
+    python -m bench.cloze checkpoints/minilm-wikipedia runs/mini-wikipedia-stage2 --markdown
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ test split, mixed lengths, or a fixed length with --fixed-length N. Each client 
 request (or --inputs-per-request N) to /encode (mean pooling) and waits for the answer before
 sending the next.
 
-    python -m bench.serving --checkpoint checkpoints/mini-wikipedia --concurrency 1 8 32 128
+    python -m bench.serving --checkpoint checkpoints/minilm-wikipedia --concurrency 1 8 32 128
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "mini-wikipedia"
+DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "minilm-wikipedia"
 
 
 class Settings(BaseSettings):
@@ -20,7 +20,7 @@ class Settings(BaseSettings):
 
     checkpoint: Path = Field(DEFAULT_CHECKPOINT, description=(
         "Checkpoint directory to serve (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel/"
-        "BertForSequenceClassification directory with model.safetensors). Default: the bundled mini model (pre-trained on English Wikipedia)."))
+        "BertForSequenceClassification directory with model.safetensors). Default: the bundled model (all-MiniLM-L6-v2 with masked-LM and next-sentence heads, trained on English Wikipedia)."))
     host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")

@@ -8,19 +8,21 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from devkit.paths import REPO_ROOT
 from model import load_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
-from devkit.paths import REPO_ROOT
 
 
 def test_bundled_model_is_compact_half_precision_and_loads():
     weights = DEFAULT_CHECKPOINT / "model.safetensors"
-    assert weights.stat().st_size < 40 * 1024 * 1024
+    assert weights.stat().st_size < 50 * 1024 * 1024
     with safe_open(str(weights), "pt") as handle:
         assert {handle.get_tensor(k).dtype for k in handle.keys()} == {torch.float16}
     checkpoint = load_checkpoint(DEFAULT_CHECKPOINT)
     assert checkpoint.model.has_mlm_head and checkpoint.model.has_nsp_head
-    assert checkpoint.config.num_hidden_layers == 4 and checkpoint.config.hidden_size == 256  # the mini preset
+    # all-MiniLM-L6-v2's shape and vocabulary: the warm start it was trained from
+    assert (checkpoint.config.num_hidden_layers, checkpoint.config.hidden_size, checkpoint.config.vocab_size) == \
+        (6, 384, 30522)
 
 
 def test_model_card_reports_the_measured_metrics_and_attribution():
@@ -34,6 +36,9 @@ def test_model_card_reports_the_measured_metrics_and_attribution():
     assert trained_on and all(name.startswith(("enwiki-", "brown", "austen")) for name in trained_on)
     assert Path(metadata["data"]["eval"]).name == "wiki.test.tokens"  # held out: no training file contains it
     assert "CC BY-SA 3.0" in card and "Wikipedia contributors" in card and "python -m trainer" in card
+    warm_start = metadata["warm_start"]
+    assert (warm_start["name"], warm_start["licence"].lower()) == ("all-MiniLM-L6-v2", "apache-2.0")
+    assert f"Starting weights: `all-MiniLM-L6-v2`, licence {warm_start['licence']}" in card
 
 
 def test_readme_states_the_bundled_models_measured_accuracy():
@@ -42,3 +47,5 @@ def test_readme_states_the_bundled_models_measured_accuracy():
     assert f"**{evaluation['mlm_accuracy']:.1%} masked-token accuracy** (perplexity {evaluation['mlm_perplexity']:.0f})" \
         in readme
     assert f"{evaluation['nsp_accuracy']:.1%} next-sentence accuracy" in readme
+    assert f"{evaluation['whole_word_accuracy']:.1%} whole-word fill-mask accuracy" in readme
+    assert f"{evaluation['embedding_nn_agreement']:.2f} nearest-neighbour agreement" in readme

@@ -1,7 +1,7 @@
 """Export a trained checkpoint as a compact serving checkpoint: half-precision weights, the tokenizer,
 the training metadata, the curves, and a model card. Resume state and old checkpoints are left behind.
 
-    python -m trainer.export runs/mini-wikipedia checkpoints/mini-wikipedia --dtype float16
+    python -m trainer.export runs/minilm-wikipedia checkpoints/minilm-wikipedia --dtype float16
 """
 
 from __future__ import annotations
