@@ -5,7 +5,8 @@ call it: the checkpoint behind `python -m service`, the trainer's own evaluation
 trainer's in-process evaluation of the same checkpoint on the same items, so a gap between the two (text
 round trip, batching) shows. The trainer scores next-sentence on the pairs with 15% of their tokens masked
 (BERT's pre-training convention); users send whole sentences, so the in-process figure the service is
-compared with is the same pairs unmasked (`nsp_accuracy_unmasked`).
+compared with is the same pairs unmasked (`nsp_accuracy_unmasked`). On WikiText the two still differ: its
+`<unk>` placeholders are `[UNK]` in the trainer's ids and vanish from the decoded text (BENCHMARKS.md).
 
     python -m bench.heldout_service checkpoints/minilm-wikipedia
 """
