@@ -70,26 +70,24 @@ def unmasked_pair_accuracy(model, eval_set: EvalSet) -> float:
     return right / count
 
 
-def checked(response: httpx.Response) -> httpx.Response:
-    if response.status_code != 200:
-        raise RuntimeError(f"{response.request.url.path} answered {response.status_code}: {response.text[:300]}")
-    return response
+def results(client: httpx.Client, route: str, inputs: list, **fields) -> list[dict]:
+    """Every input's result from `route`, REQUEST_INPUTS per request; a refusal stops the benchmark with its body."""
+    answers = []
+    for start in range(0, len(inputs), REQUEST_INPUTS):
+        response = client.post(route, json={"inputs": inputs[start : start + REQUEST_INPUTS], **fields})
+        if response.status_code != 200:
+            raise RuntimeError(f"{route} answered {response.status_code}: {response.text[:300]}")
+        answers += response.json()["results"]
+    return answers
 
 
 def served_accuracy(url: str, fill_mask: list[tuple[str, int]], pairs: list[tuple[str, str, bool]]) -> dict:
     with httpx.Client(base_url=url, timeout=300) as client:
-        words_right = 0
-        for start in range(0, len(fill_mask), REQUEST_INPUTS):
-            part = fill_mask[start : start + REQUEST_INPUTS]
-            response = checked(client.post("/fill-mask", json={"inputs": [text for text, _ in part], "top_k": 1}))
-            answers = [result["masks"][0]["predictions"][0]["token"] for result in response.json()["results"]]
-            words_right += sum(answer == label for answer, (_, label) in zip(answers, part))
-        pairs_right = 0
-        for start in range(0, len(pairs), REQUEST_INPUTS):
-            part = pairs[start : start + REQUEST_INPUTS]
-            response = checked(client.post("/nsp", json={"inputs": [[a, b] for a, b, _ in part]}))
-            said = [result["is_next"] for result in response.json()["results"]]
-            pairs_right += sum(is_next == follows for is_next, (_, _, follows) in zip(said, part))
+        filled = results(client, "/fill-mask", [text for text, _ in fill_mask], top_k=1)
+        judged = results(client, "/nsp", [[a, b] for a, b, _ in pairs])
+    words_right = sum(result["masks"][0]["predictions"][0]["token"] == label
+                      for result, (_, label) in zip(filled, fill_mask))
+    pairs_right = sum(result["is_next"] == follows for result, (_, _, follows) in zip(judged, pairs))
     return {"whole_word_accuracy": words_right / len(fill_mask), "nsp_accuracy": pairs_right / len(pairs),
             "whole_word_sentences": len(fill_mask), "pairs": len(pairs)}
 
