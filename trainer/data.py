@@ -147,17 +147,7 @@ def split_documents(corpus: TokenizedCorpus, fraction: float) -> tuple[Tokenized
     if cut < 2:
         raise CorpusError(f"the corpus has only {corpus.num_documents} document(s): too few to hold some out; "
                           "give --eval-corpus")
-    return _subset(corpus, 0, cut), _subset(corpus, cut, corpus.num_documents)
-
-
-def _subset(corpus: TokenizedCorpus, first_doc: int, end_doc: int) -> TokenizedCorpus:
-    s0, s1 = int(corpus.document_offsets[first_doc]), int(corpus.document_offsets[end_doc])
-    t0, t1 = int(corpus.sentence_offsets[s0]), int(corpus.sentence_offsets[s1])
-    return TokenizedCorpus(
-        ids=corpus.ids[t0:t1],
-        sentence_offsets=corpus.sentence_offsets[s0 : s1 + 1] - t0,
-        document_offsets=corpus.document_offsets[first_doc : end_doc + 1] - s0,
-    )
+    return corpus.documents(0, cut), corpus.documents(cut, corpus.num_documents)
 
 
 __all__ = ["PreparedData", "Source", "parse_source", "prepare", "split_documents"]

@@ -50,6 +50,13 @@ class TokenizedCorpus:
     def document_sentences(self, doc: int) -> range:
         return range(int(self.document_offsets[doc]), int(self.document_offsets[doc + 1]))
 
+    def documents(self, first: int, end: int) -> TokenizedCorpus:
+        """Documents first..end-1 as a corpus of their own (its ids a view of these, not a copy)."""
+        s0, s1 = int(self.document_offsets[first]), int(self.document_offsets[end])
+        t0, t1 = int(self.sentence_offsets[s0]), int(self.sentence_offsets[s1])
+        return TokenizedCorpus(ids=self.ids[t0:t1], sentence_offsets=self.sentence_offsets[s0 : s1 + 1] - t0,
+                               document_offsets=self.document_offsets[first : end + 1] - s0)
+
     @classmethod
     def from_documents(cls, documents: Iterable[list[str]], tokenizer: WordPieceTokenizer) -> TokenizedCorpus:
         """In memory, for small corpora (tests, the evaluation text)."""

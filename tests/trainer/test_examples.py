@@ -92,3 +92,16 @@ def test_collate_layout(tokenizer):
     assert batch.token_type_ids.tolist() == [[0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1, 1]]
     assert batch.special_mask.tolist()[0] == [True, False, False, True, False, True, True]
     assert batch.nsp_labels.tolist() == [0, 1]
+
+
+def test_a_range_of_documents_is_a_corpus_of_those_documents(small_corpus, tokenizer):
+    corpus = TokenizedCorpus.from_documents((d.sentences for d in read_documents(small_corpus)), tokenizer)
+    first, end = 1, corpus.num_documents - 1
+    part = corpus.documents(first, end)
+    assert part.num_documents == end - first
+    for doc in range(part.num_documents):
+        mine = [part.sentence(s).tolist() for s in part.document_sentences(doc)]
+        theirs = [corpus.sentence(s).tolist() for s in corpus.document_sentences(first + doc)]
+        assert mine == theirs
+    assert part.num_tokens == sum(len(corpus.sentence(s)) for d in range(first, end)
+                                  for s in corpus.document_sentences(d))
