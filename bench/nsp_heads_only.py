@@ -42,9 +42,9 @@ def cls_vectors(model, batches) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(vectors), torch.cat(labels)
 
 
-def wikipedia_vectors(model, tokenizer, corpus: TokenizedCorpus, documents: range, pairs: int):
+def wikipedia_vectors(model, tokenizer, corpus: TokenizedCorpus, documents: range, pairs: int, max_seq_len: int):
     part = corpus.documents(documents.start, documents.stop)
-    examples = build_pairs(part, 128, seed=PAIR_SEED)
+    examples = build_pairs(part, max_seq_len, seed=PAIR_SEED)
     random.Random(PAIR_SEED).shuffle(examples)
     examples = examples[:pairs]
     batches = (collate(examples[at : at + BATCH], tokenizer) for at in range(0, len(examples), BATCH))
@@ -81,8 +81,8 @@ def measure(checkpoint_dir: Path, fit_pairs: int, epochs: int, lr: float) -> dic
     wiki_path = WIKIPEDIA_DIR / "enwiki-2021-recent.txt.xz"
     options = TrainOptions(corpus=str(wiki_path), eval_corpus=str(WIKITEXT_TEST), output=Path("unused"), progress=False)
     wiki, _ = token_cache(wiki_path, options, tokenizer)
-    fit = wikipedia_vectors(model, tokenizer, wiki, range(8000), fit_pairs)
-    check = wikipedia_vectors(model, tokenizer, wiki, range(8000, 10000), 1000)
+    fit = wikipedia_vectors(model, tokenizer, wiki, range(8000), fit_pairs, options.max_seq_len)
+    check = wikipedia_vectors(model, tokenizer, wiki, range(8000, 10000), 1000, options.max_seq_len)
     heldout_corpus, _ = token_cache(WIKITEXT_TEST, options, tokenizer)
     eval_set = build_eval_set(heldout_corpus, tokenizer, checkpoint.config.vocab_size, options.max_seq_len,
                               options.eval_examples)
