@@ -94,7 +94,7 @@ def ours(checkpoint_dir: Path, dtype: str, scheme: str | None = None, alpha: flo
     @torch.inference_mode()
     def embed(batch):
         flat, types, packing = batch
-        hidden = model.encode_packed(flat, types, packing).float()
+        hidden = model.encode_packed(flat, types, packing, for_heads=False)[0].float()
         sums = hidden.new_zeros(packing.batch, hidden.shape[-1]).index_add_(0, packing.rows, hidden)
         lengths = torch.bincount(packing.rows, minlength=packing.batch).float()
         return (sums / lengths[:, None]).numpy()

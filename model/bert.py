@@ -20,14 +20,9 @@ from model.config import BertConfig
 from model.dropout import Dropout, attention_with_cheap_dropout
 from model.packing import Packing
 
-_ACTIVATIONS = {
-    "gelu": lambda x: F.gelu(x),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "swish": F.silu,
-}
+_ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu,
+                "swish": F.silu}
 
 
 class BertEmbeddings(nn.Module):
@@ -199,11 +194,13 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attn_mask: Mask, keep_last: torch.Tensor | None = None) -> torch.Tensor:
-        """All tokens through every layer, or with `keep_last` (boolean over the token dims) the last
-        layer's output only for those tokens, (K, H) in row-major order."""
-        for index, layer in enumerate(self.layer):
-            x = layer(x, attn_mask, keep_last if index == len(self.layer) - 1 else None)
+    def forward(self, x: torch.Tensor, attn_mask: Mask, keep_last: torch.Tensor | None = None, start: int = 0,
+                stop: int | None = None) -> torch.Tensor:
+        """All tokens through layers start..stop-1 (every layer by default), or with `keep_last` (boolean over
+        the token dims) the last of those layers' output only for those tokens, (K, H) in row-major order."""
+        layers = self.layer[start:stop]
+        for index, layer in enumerate(layers):
+            x = layer(x, attn_mask, keep_last if index == len(layers) - 1 else None)
         return x
 
 
@@ -251,9 +248,12 @@ class BertModel(nn.Module):
         pooled = self.pooler(hidden) if self.pooler is not None else None
         return hidden, pooled  # (B, T, H), (B, H) | None
 
-    def forward_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """Packed (N,) ids -> (N, H) last hidden states, computed without padding (see Packing)."""
-        return self.encoder(self.embeddings(input_ids, token_type_ids, packing.positions), packing)
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+              attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, H): the hidden states the embedding routes serve (`config.embedding_layer`'s, else the last)."""
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        return self.encoder(self.embeddings(input_ids, types), key_padding_mask(attention_mask),
+                            stop=self.config.served_embedding_layer)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -318,8 +318,6 @@ class BertForPreTraining(nn.Module):
             self.apply(self._init_weights)
         self.tie_weights()
 
-    # ---- capabilities --------------------------------------------------------------------------
-
     @property
     def has_mlm_head(self) -> bool:
         return self.cls.predictions is not None
@@ -342,22 +340,15 @@ class BertForPreTraining(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         # Same scheme as the reference implementation: N(0, initializer_range), zero biases.
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+        if isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
+        if isinstance(module, (nn.Linear, nn.LayerNorm, BertLMPredictionHead)) and module.bias is not None:
             nn.init.zeros_(module.bias)
-        elif isinstance(module, BertLMPredictionHead):
-            nn.init.zeros_(module.bias)
-
-    # ---- forward -------------------------------------------------------------------------------
 
     def mlm_logits(self, sequence_output: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Vocabulary logits, at every position or only where the boolean (B, T) `positions` is set.
@@ -386,9 +377,16 @@ class BertForPreTraining(nn.Module):
             raise RuntimeError("this checkpoint has no classification head")
         return self.classifier(self.bert.pooler.pool(cls_vectors))
 
-    def encode_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """Packed (N,) ids -> (N, H) last hidden states, computed without padding (see Packing)."""
-        return self.bert.forward_packed(input_ids, token_type_ids, packing)
+    def encode_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing,
+                      for_heads: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Packed (N,) ids -> ((N, H) states the embedding routes serve, (N, H) last-layer states the heads read,
+        or None unless `for_heads`), computed without padding (see Packing). One tensor twice unless
+        `config.embedding_layer` stops below the top; then the top layers run only when `for_heads`."""
+        at = self.config.served_embedding_layer
+        embedded = self.bert.encoder(self.bert.embeddings(input_ids, token_type_ids, packing.positions), packing, stop=at)
+        if not for_heads:
+            return embedded, None
+        return embedded, self.bert.encoder(embedded, packing, start=at) if at < self.config.num_hidden_layers else embedded
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, mlm_positions: torch.Tensor | None = None

@@ -56,6 +56,10 @@ class BertConfig:
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
+    # The layer whose output the embedding routes serve (`hidden_states[embedding_layer]` in transformers); None
+    # = the last. Set when the heads read layers stacked on a sentence-embedding encoder (trainer --head-layers),
+    # so that the encoder's embeddings stay as they were. Ours: transformers keeps it as a plain attribute.
+    embedding_layer: int | None = None
     # Not part of the network; carried so that config.json round-trips what `transformers` wrote.
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -85,6 +89,15 @@ class BertConfig:
             raise ConfigError(
                 f"pad_token_id ({self.pad_token_id!r}) must be a token id below vocab_size ({self.vocab_size})"
             )
+        if self.embedding_layer is not None and (isinstance(self.embedding_layer, bool) or not isinstance(
+                self.embedding_layer, int) or not 1 <= self.embedding_layer <= self.num_hidden_layers):
+            raise ConfigError(f"embedding_layer must be a layer number from 1 to num_hidden_layers "
+                              f"({self.num_hidden_layers}), got {self.embedding_layer!r}")
+
+    @property
+    def served_embedding_layer(self) -> int:
+        """How many layers make the served embeddings: `embedding_layer`, or all of them."""
+        return self.embedding_layer if self.embedding_layer is not None else self.num_hidden_layers
 
     @property
     def head_dim(self) -> int:
@@ -111,6 +124,8 @@ class BertConfig:
 
     def to_dict(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        if values["embedding_layer"] is None:  # a plain BERT's config.json stays as transformers writes it
+            del values["embedding_layer"]
         out: dict[str, Any] = dict(self.extra)
         out.update(values)
         out["architectures"] = out.get("architectures") or ["BertForPreTraining"]

@@ -106,11 +106,16 @@ class Engine:
     def run(self, batch: Batch) -> list[Result]:
         device = self.device
         packing = batch.packing.to(device, non_blocking=True)
-        hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
-                                          batch.token_type_ids.to(device, non_blocking=True), packing)  # (N, H)
+        # A checkpoint whose heads read layers above its embedding layer runs those only for items with a head.
+        for_heads = any(not isinstance(item, EncodeItem) for item in batch.items)
+        embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
+                                                    batch.token_type_ids.to(device, non_blocking=True), packing,
+                                                    for_heads)  # (N, H) each
         results: list[Result | None] = [None] * batch.size
         starts = batch.starts()
-        self._encode_outputs(batch, hidden, packing, starts, results)
+        self._encode_outputs(batch, embedded, packing, starts, results)
+        if hidden is None:
+            return results
         self._fill_mask_outputs(batch, hidden, starts, results)
         self._nsp_outputs(batch, hidden, starts, results)
         self._class_outputs(batch, hidden, starts, results)

@@ -74,7 +74,8 @@ public = APIRouter(tags=["Operations"])
 
 @api.post("/encode", response_model=EncodeResponse, summary="Contextual token embeddings")
 async def encode(body: EncodeRequest, request: Request, door: Door, state: State) -> Response:
-    """The encoder's last hidden layer: one vector per token (special tokens included), or pooled by [CLS] or mean."""
+    """The encoder's last hidden layer (or the checkpoint's `embedding_layer`): one vector per token (special tokens
+    included), or pooled by [CLS] or mean."""
     outputs = await door.encode(body.inputs, body.pooling, body.normalize, Preparation(body.truncate),
                                 gone=client_gone(request))
     return json_response({

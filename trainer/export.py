@@ -23,7 +23,7 @@ CARD = """# {name}
 
 A {kind} ({layers} layers, hidden size {hidden}, {heads} heads, {params:,} parameters,
 {vocab:,}-token WordPiece vocabulary) {origin} with masked-LM and next-sentence prediction. It is the service's bundled default model: small enough to ship in the repository
-({size_mb:.1f} MB in {dtype}), there so that `make serve` works with no download.
+({size_mb:.1f} MB in {dtype}), there so that `make serve` works with no download.{stacking}
 
 ## How it was trained
 
@@ -202,6 +202,7 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
         attribution = (f"- Starting weights: `{warm['name']}`, licence {warm.get('licence') or 'unknown'} (its own "
                        f"model card names its training data).\n") + attribution
     word_constant = evaluation.get("whole_word_constant_accuracy", float("nan"))
+    kept = retention_evaluation(stages, evaluation)
     nan = float("nan")
     return CARD.format(
         # a warm start keeps its source's shape: the trainer's --preset did not choose it
@@ -224,9 +225,30 @@ def model_card(target: Path, metadata: dict, checkpoint) -> str:
         word_constant=word_constant, word_ratio=evaluation.get("whole_word_vs_constant", nan),
         word_sentences=evaluation.get("whole_word_sentences", 0), examples=fill_mask_examples(checkpoint),
         attribution=attribution, knowledge=what_it_knows(evaluation), origin=origin_words(warm),
-        retention=retention_rows(evaluation, f"`{warm['name']}`" if warm else "the starting encoder"),
-        embeddings=embedding_words(evaluation, warm),
+        retention=retention_rows(kept, f"`{warm['name']}`" if warm else "the starting encoder"),
+        embeddings=embedding_words(kept, warm), stacking=stacking_words(config),
     )
+
+
+def retention_evaluation(stages: list[dict], evaluation: dict) -> dict:
+    """The evaluation that measured the embeddings against the warm start's encoder: the last run's, unless that
+    run stacked layers on the run before it (--head-layers froze what it served, and measured against that run's
+    encoder instead); then the run that started from the warm start, whose embeddings these still are."""
+    last = stages[-1]
+    if len(stages) > 1 and (last.get("options") or {}).get("head_layers") and stages[-2].get("warm_start"):
+        return {key: value for key, value in (stages[-2].get("eval") or {}).items() if key.startswith("embedding_")}
+    return evaluation
+
+
+def stacking_words(config) -> str:
+    """Which layer serves embeddings and which the heads read, for a model trained with --head-layers."""
+    if config.embedding_layer is None:
+        return ""
+    return (f"\n\nIts embeddings (`/encode`, `/embed`, `/v1/embeddings`) come from layer {config.embedding_layer}, "
+            f"the starting encoder's own last layer, kept frozen; the masked-LM and next-sentence heads read layer "
+            f"{config.num_hidden_layers}, which the trainer stacked on it (`--head-layers`). In `transformers`, "
+            f"take `hidden_states[{config.embedding_layer}]` (`output_hidden_states=True`) for the embeddings; "
+            f"sentence-transformers would pool the last layer instead, so use this service or that index.")
 
 
 def embedding_words(evaluation: dict, warm: dict | None) -> str:

@@ -34,7 +34,7 @@ from trainer.retention import build_probe
 from trainer.run_files import RunFiles, command_history, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
 from trainer.step import PreTrainingStep, first_segments, mean_pooled, vector_inputs
-from trainer.warm_start import WarmStart, frozen_encoder, load_warm_start
+from trainer.warm_start import WarmStart, embedding_parameter, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
 
@@ -87,8 +87,7 @@ def build_optimizer(model: torch.nn.Module, options: TrainOptions, device: torch
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        encoder = name.startswith(("bert.embeddings.", "bert.encoder."))
-        scale = options.encoder_lr_scale if encoder else 1.0
+        scale = options.encoder_lr_scale if embedding_parameter(name, model.config) else 1.0
         groups.setdefault((param.ndim < 2 or "LayerNorm" in name, scale), []).append(param)
     param_groups = [{"params": params, "weight_decay": 0.0 if no_decay else options.weight_decay, "lr_scale": scale}
                     for (no_decay, scale), params in sorted(groups.items(), key=lambda kv: (kv[0][1] != 1.0, kv[0][0]))]
@@ -177,7 +176,7 @@ class Training:
         resume = newest_good(options.output) if options.resume else None
         # The starting checkpoint is checked before anything is prepared or written (a bad one fails here).
         torch.manual_seed(options.seed)  # initial weights of the heads a warm start lacks
-        warm = load_warm_start(options.init_from, options.dropout) \
+        warm = load_warm_start(options.init_from, options.dropout, options.head_layers) \
             if options.init_from is not None and resume is None else None
         self.teacher = frozen_encoder(options.init_from, device) if options.preserve_embeddings > 0 else None
         self.files = RunFiles(options.output, is_writer=placement.is_writer, command=command)
@@ -190,9 +189,14 @@ class Training:
 
         torch.manual_seed(options.seed)  # initial weights
         self.model = self._build_model(resume, warm).to(device).train()
+        # embeddings + encoder layers up to the embedding layer (the word embeddings are also the tied MLM decoder)
+        self.encoder_params = [param for name, param in self.model.named_parameters()
+                               if embedding_parameter(name, self.model.config)]
+        if self.model.config.embedding_layer is not None:
+            # Layers stacked for the heads (--head-layers): what makes the served embeddings is never trained.
+            for param in self.encoder_params:
+                param.requires_grad_(False)
         self.optimizer = build_optimizer(self.model, options, device)
-        # embeddings + encoder layers (the word embeddings are also the tied MLM decoder); heads and pooler not
-        self.encoder_params = [*self.model.bert.embeddings.parameters(), *self.model.bert.encoder.parameters()]
         self.pairs = TrainingPairs(self.data.train, options.max_seq_len, options.seed, options.short_seq_prob,
                                    self.data.weights)
         self.progress = Progress(cursors=self.pairs.initial_cursors())

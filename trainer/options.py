@@ -45,6 +45,11 @@ class TrainOptions:
                                        "or clean (each pair's first segment without masks, embedded alone as "
                                        "users embed a passage; an extra forward and backward over those tokens).",
                                 choices=list(VECTOR_SOURCES))
+    head_layers: int = option(0, "New encoder layers to stack on the --init-from encoder for the masked-LM and "
+                                 "next-sentence heads to read. The starting encoder (embeddings and every layer) "
+                                 "is then frozen and stays the one the embedding routes serve (config "
+                                 "embedding_layer), so a sentence-embedding model keeps its embeddings exactly while "
+                                 "the new layers learn to fill masks. The new layers start near the identity.")
     freeze_encoder_steps: int = option(0, "Steps at the start of the run in which only the heads and pooler learn "
                                           "(the encoder and embeddings stay as --init-from gave them), so that fresh "
                                           "heads do not push the encoder with their first, random gradients.")
@@ -116,6 +121,13 @@ class TrainOptions:
             raise bad("preserve_embeddings", "must be 0 (off) or positive")
         if self.preserve_embeddings > 0 and self.init_from is None:
             raise bad("preserve_embeddings", "needs --init-from (the encoder whose embeddings to preserve)")
+        if self.head_layers < 0:
+            raise bad("head_layers", "must be 0 (off) or more")
+        if self.head_layers and self.init_from is None:
+            raise bad("head_layers", "needs --init-from (the encoder to stack the new layers on)")
+        if self.head_layers and self.preserve_embeddings > 0:
+            raise bad("head_layers", "freezes the starting encoder, so its embeddings stay exactly as they were: "
+                                     "leave out --preserve-embeddings")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise bad("dropout", "must be in [0, 1)")
         if self.lr <= 0:

@@ -66,7 +66,7 @@ def sentence_vectors(encoder: BertModel, batches: list[tuple[torch.Tensor, torch
     encoder.eval()
     out = []
     for ids, mask in batches:
-        hidden, _ = encoder(ids.to(device), attention_mask=mask.to(device))
+        hidden = encoder.embed(ids.to(device), attention_mask=mask.to(device))  # the layer the service embeds with
         out.append(torch.nn.functional.normalize(mean_pooled(hidden.float(), mask.to(device)), dim=-1).cpu())
     encoder.train(was_training)
     return torch.cat(out).numpy()

@@ -11,6 +11,7 @@ BERT checkpoint fails here with one line naming the file (CheckpointError).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass
@@ -36,9 +37,13 @@ class WarmStart:
     source: dict  # what the run started from (name, architecture, licence, earlier training if ours)
 
 
-def load_warm_start(directory: Path, dropout: float | None = None) -> WarmStart:
-    """The starting point of an --init-from run (raises CheckpointError naming the file)."""
+def load_warm_start(directory: Path, dropout: float | None = None, head_layers: int = 0) -> WarmStart:
+    """The starting point of an --init-from run (raises CheckpointError naming the file), with `head_layers`
+    new layers stacked on its encoder for the heads (`stack_head_layers`)."""
     checkpoint = load_checkpoint(directory)
+    if head_layers and checkpoint.config.embedding_layer is not None:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: --head-layers: this checkpoint already has layers above "
+                              f"its embedding layer ({checkpoint.config.embedding_layer}); continue it without the flag")
     _check_vocabulary(checkpoint)
     loaded = checkpoint.model
     config = checkpoint.config
@@ -61,8 +66,57 @@ def load_warm_start(directory: Path, dropout: float | None = None) -> WarmStart:
     else:
         model = loaded
         log.info("--init-from %s: every head comes from the checkpoint", directory)
+    if head_layers:
+        model = stack_head_layers(model, head_layers)
+        new_parts.append(f"{head_layers} layer(s) on top that only the heads read (the encoder below stays frozen)")
+        log.info("--init-from %s: %d new layer(s) on top for the heads; the embeddings stay those of layer %d",
+                 directory, head_layers, model.config.embedding_layer)
     _apply_dropout(model, config.hidden_dropout_prob, config.attention_probs_dropout_prob)
     return WarmStart(model.train(), checkpoint.tokenizer, new_parts, describe_source(directory, new_parts))
+
+
+def stack_head_layers(model: BertForPreTraining, count: int) -> BertForPreTraining:
+    """`model` with `count` new encoder layers on top: its own last layer becomes `config.embedding_layer`
+    (what the embedding routes serve), and the heads read the new top.
+
+    Each new layer starts close to the identity, so the heads see at first what they saw before: both
+    residual branches (attention and feed-forward outputs) start at zero, and each post-LN LayerNorm is
+    set to undo its own normalisation for a typical input of the layer below (whose last LayerNorm,
+    weight g and bias b, gives each token mean ~mean(b) and spread ~sqrt(mean(g^2) + var(b))). Queries,
+    keys, values and the feed-forward input start random (N(0, 0.02)), as in a new model, so that the
+    zero branches get gradients from the first step on.
+    """
+    below = model.config
+    config = dataclasses.replace(below, num_hidden_layers=below.num_hidden_layers + count,
+                                 embedding_layer=below.num_hidden_layers, extra=dict(below.extra))
+    stacked = BertForPreTraining(config, with_pooler=model.bert.pooler is not None, with_mlm=model.has_mlm_head,
+                                 with_nsp=model.has_nsp_head, num_labels=model.num_labels)
+    missing, unexpected = stacked.load_state_dict(model.state_dict(), strict=False)
+    new_names = tuple(f"bert.encoder.layer.{index}." for index in range(below.num_hidden_layers, config.num_hidden_layers))
+    assert not unexpected and all(name.startswith(new_names) for name in missing), (missing, unexpected)
+    stacked.tie_weights()
+    last_norm = model.bert.encoder.layer[-1].output.LayerNorm
+    with torch.no_grad():
+        spread = torch.sqrt(last_norm.weight.pow(2).mean() + last_norm.bias.var(unbiased=False))
+        centre = last_norm.bias.mean()
+        for layer in stacked.bert.encoder.layer[below.num_hidden_layers:]:
+            for branch in (layer.attention.output.dense, layer.output.dense):
+                branch.weight.zero_()
+                branch.bias.zero_()
+            for norm in (layer.attention.output.LayerNorm, layer.output.LayerNorm):
+                norm.weight.fill_(spread)
+                norm.bias.fill_(centre)
+    return stacked.train(model.training)
+
+
+def embedding_parameter(name: str, config) -> bool:
+    """Is this parameter one of those that make the served embeddings (the word, position and type
+    embeddings, which the MLM decoder shares, and the encoder layers up to `config.embedding_layer`)?"""
+    if name.startswith("bert.embeddings."):
+        return True
+    if not name.startswith("bert.encoder.layer."):
+        return False
+    return int(name.split(".")[3]) < config.served_embedding_layer
 
 
 def frozen_encoder(directory: Path, device: torch.device) -> BertModel:
@@ -116,4 +170,5 @@ def _apply_dropout(model: BertForPreTraining, hidden: float, attention: float) -
             module.dropout_prob = attention
 
 
-__all__ = ["WarmStart", "describe_source", "frozen_encoder", "load_warm_start"]
+__all__ = ["WarmStart", "describe_source", "embedding_parameter", "frozen_encoder", "load_warm_start",
+           "stack_head_layers"]

@@ -102,7 +102,7 @@ def test_packed_forward_equals_padded(lengths, attend_each):
     assert packing.indices.tolist() == real.reshape(-1).nonzero().squeeze(1).tolist()
     with torch.no_grad():
         padded, _ = model.bert(ids, types, mask)
-        packed = model.bert.forward_packed(ids[real], types[real], packing)
+        packed = model.encode_packed(ids[real], types[real], packing)[1]
     assert packed.shape == (sum(lengths), model.config.hidden_size)
     torch.testing.assert_close(packed, padded[real], rtol=0, atol=1e-5)
     torch.testing.assert_close(packed[packing.starts], padded[:, 0], rtol=0, atol=1e-5)
