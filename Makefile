@@ -120,7 +120,7 @@ LR ?= 6e-4
 TRAIN_MINUTES ?= 300
 HEAD_LAYERS ?= 2
 TOP_LR ?= 5e-4
-TOP_MINUTES ?= 80
+TOP_MINUTES ?= 75
 RUNS ?= runs
 train-default: $(DEV_STAMP)
 	$(BIN)/python -m trainer $(CORPORA) --output $(RUNS)/minilm-wikipedia \

@@ -184,7 +184,8 @@ class Training:
             if placement.is_writer:
                 clean_partial_saves(options.output)
             if resume is None:
-                log.warning("--resume: no usable checkpoint under %s/checkpoints; starting from scratch", options.output)
+                log.warning("--resume: no usable checkpoint under %s/checkpoints; starting a new run (%s)", options.output,
+                            f"from {options.init_from}" if options.init_from is not None else "from scratch")
         self.data = self._prepare(resume.checkpoint.tokenizer if resume else warm.tokenizer if warm else None)
 
         torch.manual_seed(options.seed)  # initial weights
