@@ -111,12 +111,13 @@ def stack_head_layers(model: BertForPreTraining, count: int) -> BertForPreTraini
 
 def embedding_parameter(name: str, config) -> bool:
     """Is this parameter one of those that make the served embeddings (the word, position and type
-    embeddings, which the MLM decoder shares, and the encoder layers up to `config.embedding_layer`)?"""
+    embeddings, which the MLM decoder shares, and the encoder layers up to `config.embedding_layer`)?
+    `config` is ours or a `transformers` one (bench.train_peer's model), which has no embedding layer."""
     if name.startswith("bert.embeddings."):
         return True
     if not name.startswith("bert.encoder.layer."):
         return False
-    return int(name.split(".")[3]) < config.served_embedding_layer
+    return int(name.split(".")[3]) < (getattr(config, "embedding_layer", None) or config.num_hidden_layers)
 
 
 def frozen_encoder(directory: Path, device: torch.device) -> BertModel:
