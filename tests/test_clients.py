@@ -36,6 +36,21 @@ def bundled():
 
 
 @pytest.fixture(scope="module")
+def stacked(tmp_path_factory, tokenizer):
+    """A checkpoint with a layer stacked for its heads (trainer --head-layers): embeddings from layer 2 of 3."""
+    from model import save_checkpoint
+    from tests.conftest import random_model
+
+    directory = tmp_path_factory.mktemp("stacked") / "stacked"
+    save_checkpoint(directory, random_model(tokenizer.vocab_size, seed=11, num_hidden_layers=3, embedding_layer=2),
+                    tokenizer)
+    process, url = start_service(directory, "--api-key", KEY)
+    yield directory, url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
 def cross_encoder(tiny_cross_encoder):
     process, url = start_service(tiny_cross_encoder, "--api-key", KEY)
     yield url
@@ -44,13 +59,16 @@ def cross_encoder(tiny_cross_encoder):
 
 
 def mean_pooled_reference(directory, texts: list[str]) -> np.ndarray:
-    """transformers' BertModel, mean over each text's tokens, normalised: what every embedding client should get."""
+    """transformers' BertModel, mean over each text's tokens, normalised: what every embedding client should get.
+    The layer is the checkpoint's `embedding_layer` where it names one (a model with layers stacked for its heads)."""
     model = transformers.BertModel.from_pretrained(directory, add_pooling_layer=False, dtype=torch.float32).eval()
+    layer = getattr(model.config, "embedding_layer", None) or model.config.num_hidden_layers
     tokenizer = load_checkpoint(directory).tokenizer
     rows = []
     for text in texts:
         with torch.no_grad():
-            hidden = model(input_ids=torch.tensor([tokenizer.encode(text).ids])).last_hidden_state[0]
+            states = model(input_ids=torch.tensor([tokenizer.encode(text).ids]), output_hidden_states=True)
+            hidden = states.hidden_states[layer][0]
         vector = hidden.mean(0).numpy()
         rows.append(vector / np.linalg.norm(vector))
     return np.stack(rows)
@@ -151,3 +169,34 @@ def test_clients_against_a_served_cross_encoder(cross_encoder, tiny_cross_encode
                     "llama_index_tei", "llama_index_openai_like")
     for name, answer in answers.items():
         np.testing.assert_allclose(answer["documents"], want, atol=1e-4, err_msg=name)
+
+
+def test_clients_against_a_checkpoint_with_layers_stacked_for_its_heads(stacked):
+    """Every embedding client gets the embedding layer's vectors (not the top layer's, which the test tells apart);
+    fill-mask answers from the top, as transformers' BertForMaskedLM on the same directory."""
+    directory, url = stacked
+    want = mean_pooled_reference(directory, TEXTS)
+    top = transformers.BertModel.from_pretrained(directory, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        last = top(input_ids=torch.tensor([load_checkpoint(directory).tokenizer.encode(TEXTS[0]).ids])).last_hidden_state
+    assert np.abs(last[0].mean(0).numpy() / np.linalg.norm(last[0].mean(0).numpy()) - want[0]).max() > 1e-3
+    client = InferenceClient(base_url=url, token=KEY)
+    np.testing.assert_allclose(client.feature_extraction(TEXTS), want, atol=1e-4)
+    np.testing.assert_allclose(client.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:]), want[1:] @ want[0],
+                               atol=1e-4)
+    pipe = transformers.pipeline("fill-mask", model=transformers.BertForMaskedLM.from_pretrained(directory).eval(),
+                                 tokenizer=transformers.BertTokenizerFast.from_pretrained(directory), device="cpu")
+    filled = client.fill_mask("the river [MASK] to the sea .", top_k=3)
+    expected = pipe("the river [MASK] to the sea .", top_k=3)
+    assert [f.token for f in filled] == [e["token"] for e in expected]
+    np.testing.assert_allclose([f.score for f in filled], [e["score"] for e in expected], atol=1e-5)
+    import openai
+
+    vectors = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0).embeddings.create(input=TEXTS, model="bert")
+    np.testing.assert_allclose([row.embedding for row in vectors.data], want, atol=1e-4)
+    answers = drive(url, "langchain_openai_embeddings", "langchain_huggingface_embeddings", "llama_index_tei",
+                    "llama_index_openai_like", "inference_client_hub1")
+    for name in ("langchain_openai_embeddings", "langchain_huggingface_embeddings", "llama_index_tei",
+                 "llama_index_openai_like"):
+        np.testing.assert_allclose(answers[name]["documents"], want, atol=1e-4, err_msg=name)
+    np.testing.assert_allclose(np.array(answers["inference_client_hub1"]["features"]).reshape(-1), want[0], atol=1e-4)
