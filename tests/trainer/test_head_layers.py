@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 
 from model.checkpoint import load_checkpoint
 from tests.conftest import random_model
-from tests.trainer.conftest import tiny_run_args
-from tests.trainer.test_warm_start import encoder_directory, run
+from tests.trainer.conftest import encoder_directory, run, tiny_run_args
 from trainer.cli import main
 from trainer.warm_start import stack_head_layers
 

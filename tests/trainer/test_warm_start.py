@@ -4,8 +4,6 @@ request (--preserve-embeddings), the retention measure, and bad starting checkpo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,32 +11,13 @@ import pytest
 import torch
 import transformers
 
-from devkit.paths import REPO_ROOT
 from tests.conftest import random_model
-from tests.trainer.conftest import tiny_run_args
+from tests.trainer.conftest import encoder_directory, run, tiny_run_args
 from trainer.cli import main
 from trainer.retention import retention_metrics
 from trainer.step import first_segments, mean_pooled, pretraining_logits
 
 VOCAB_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def encoder_directory(directory: Path, tokenizer, kind: str = "BertModel", seed: int = 3) -> Path:
-    """A directory as `transformers` writes it for BertModel / BertForMaskedLM (random weights, our vocabulary),
-    with a sentence-transformers-style model card naming its licence."""
-    source = random_model(tokenizer.vocab_size, seed=seed)
-    config = transformers.BertConfig(**source.config.to_dict())
-    model = getattr(transformers, kind)(config)
-    model.load_state_dict(source.state_dict(), strict=False)
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save(directory)
-    (directory / "README.md").write_text("---\nlanguage: en\nlicense: apache-2.0\n---\n# an encoder\n")
-    return directory
-
-
-def run(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.mark.parametrize("kind", ["BertModel", "BertForMaskedLM"])
