@@ -7,15 +7,15 @@ import torch
 from model.config import BertConfig
 
 
-def _dense_flops_per_token(config: BertConfig) -> int:
-    """Projections and feed-forward of every layer (multiply-add = 2)."""
+def _dense_flops_per_token(config: BertConfig, layers: int | None = None) -> int:
+    """Projections and feed-forward of `layers` layers (all by default; multiply-add = 2)."""
     h = config.hidden_size
-    return config.num_hidden_layers * (4 * h * h + 2 * h * config.intermediate_size) * 2
+    return (layers or config.num_hidden_layers) * (4 * h * h + 2 * h * config.intermediate_size) * 2
 
 
-def _attention_flops_per_pair(config: BertConfig) -> int:
-    """QK^T and AV for one (query, key) pair, over every layer."""
-    return config.num_hidden_layers * 2 * config.hidden_size * 2
+def _attention_flops_per_pair(config: BertConfig, layers: int | None = None) -> int:
+    """QK^T and AV for one (query, key) pair, over `layers` layers (all by default)."""
+    return (layers or config.num_hidden_layers) * 2 * config.hidden_size * 2
 
 
 def model_flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float = 1.0) -> float:
@@ -26,17 +26,17 @@ def model_flops_per_token(config: BertConfig, seq_len: int, mlm_fraction: float 
 
 
 def packed_batch_flops(config: BertConfig, count: int, longest: int, real: int, real_squares: int,
-                       attention_per_sequence: bool = False) -> tuple[float, float]:
-    """(encoder FLOPs of one packed batch, the part spent on padding).
+                       attention_per_sequence: bool = False, layers: int | None = None) -> tuple[float, float]:
+    """(encoder FLOPs of one packed batch through `layers` layers (all by default), the part spent on padding).
 
     Token-wise layers see the `real` tokens only. Attention runs in the padded (count, longest)
     layout: count x longest^2 query-key pairs are computed where `real_squares` (the sum of squared
     lengths) are needed, and that difference is the only waste; or, with `attention_per_sequence`
     (on CPU, see `model.packing.attends_each_on_cpu`), on each sequence alone, wasting nothing.
     """
-    pair = _attention_flops_per_pair(config)
+    pair = _attention_flops_per_pair(config, layers)
     computed_pairs = real_squares if attention_per_sequence else count * longest ** 2
-    return float(_dense_flops_per_token(config) * real + pair * computed_pairs), float(pair * (computed_pairs - real_squares))
+    return float(_dense_flops_per_token(config, layers) * real + pair * computed_pairs), float(pair * (computed_pairs - real_squares))
 
 
 def count_parameters(model: torch.nn.Module, exclude_embeddings: bool = False) -> int:

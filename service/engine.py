@@ -87,10 +87,12 @@ class Engine:
     def num_labels(self) -> int:
         return self.model.num_labels
 
-    def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]:
-        """(FLOPs of one packed batch, the part spent on padding): see `packed_batch_flops`."""
+    def flops(self, count: int, longest: int, real: int, real_squares: int,
+              layers: int | None = None) -> tuple[float, float]:
+        """(FLOPs of one packed batch through `layers` (all by default), the part spent on padding): see
+        `packed_batch_flops`. The batcher prices candidate batches with all layers, not knowing their kinds."""
         per_sequence = self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares)
-        return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence)
+        return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence, layers)
 
     def collate(self, items: list[Item]) -> Batch:
         ids = torch.tensor([t for item in items for t in item.input_ids], dtype=torch.long)
@@ -99,18 +101,17 @@ class Engine:
         packing = Packing.from_lengths(lengths)
         if self.device.type == "cuda":  # page-locked memory: the copy overlaps with the host
             ids, types = ids.pin_memory(), types.pin_memory()
-        flops, padding = self.flops(len(items), max(lengths), sum(lengths), sum(n * n for n in lengths))
+        flops, padding = self.flops(len(items), max(lengths), sum(lengths), sum(n * n for n in lengths),
+                                    None if self._runs_heads(items) else self.model.config.served_embedding_layer)
         return Batch(ids, types, packing, items, flops, padding)
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> list[Result]:
         device = self.device
         packing = batch.packing.to(device, non_blocking=True)
-        # A checkpoint whose heads read layers above its embedding layer runs those only for items with a head.
-        for_heads = any(not isinstance(item, EncodeItem) for item in batch.items)
         embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
                                                     batch.token_type_ids.to(device, non_blocking=True), packing,
-                                                    for_heads)  # (N, H) each
+                                                    self._runs_heads(batch.items))  # (N, H) each
         results: list[Result | None] = [None] * batch.size
         starts = batch.starts()
         self._encode_outputs(batch, embedded, packing, starts, results)
@@ -121,6 +122,11 @@ class Engine:
         self._class_outputs(batch, hidden, starts, results)
         self._sparse_outputs(batch, hidden, starts, results)
         return results
+
+    @staticmethod
+    def _runs_heads(items: list[Item]) -> bool:
+        """A checkpoint whose heads read layers above its embedding layer runs those only for items with a head."""
+        return any(not isinstance(item, EncodeItem) for item in items)
 
     # ---- heads ---------------------------------------------------------------------------------
 

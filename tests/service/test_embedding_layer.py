@@ -11,7 +11,9 @@ import pytest
 import torch
 import transformers
 
-from model import save_checkpoint
+from model import load_checkpoint, save_checkpoint
+from service.engine import Engine
+from service.tasks import EncodeItem, FillMaskItem
 from tests.conftest import random_model
 from tests.service.conftest import serving
 from tests.service.test_api import assert_close_json
@@ -65,3 +67,14 @@ async def test_embeddings_and_fill_mask_batched_together_equal_each_alone(stacke
     for a, b in zip(together, alone):
         assert a.status_code == b.status_code == 200, (a.text, b.text)
         assert_close_json(a.json(), b.json(), atol=1e-5)
+
+
+def test_a_batch_of_embeddings_is_priced_at_the_layers_it_runs(stacked):
+    """The metrics' FLOPs count the two layers an embedding-only batch runs, and all three once a head is asked."""
+    model = load_checkpoint(stacked).model
+    engine = Engine(model, torch.device("cpu"), torch.float32)
+    ids, types = [2, 7, 9, 11, 3], [0] * 5
+    embeddings_only = engine.collate([EncodeItem(ids, types), EncodeItem(ids, types)])
+    with_a_head = engine.collate([EncodeItem(ids, types), FillMaskItem(ids, types, mask_positions=[2])])
+    assert embeddings_only.flops == pytest.approx(with_a_head.flops * 2 / 3)
+    assert embeddings_only.flops > 0
