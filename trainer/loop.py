@@ -176,7 +176,8 @@ class Training:
         resume = newest_good(options.output) if options.resume else None
         # The starting checkpoint is checked before anything is prepared or written (a bad one fails here).
         torch.manual_seed(options.seed)  # initial weights of the heads a warm start lacks
-        warm = load_warm_start(options.init_from, options.dropout, options.head_layers) \
+        warm = load_warm_start(options.init_from, options.dropout, options.head_layers,
+                               options.head_layers_start) \
             if options.init_from is not None and resume is None else None
         self.teacher = frozen_encoder(options.init_from, device) if options.preserve_embeddings > 0 else None
         self.files = RunFiles(options.output, is_writer=placement.is_writer, command=command)

@@ -11,6 +11,8 @@ from trainer.download import DEFAULT_CACHE
 
 # What --preserve-over may name (trainer.step.vector_inputs says what each embeds and averages).
 VECTOR_SOURCES = ("all", "unmasked", "clean")
+# How layers stacked for the heads start (trainer.warm_start.stack_head_layers).
+HEAD_LAYER_STARTS = ("identity", "copy")
 
 
 def option(default, help: str, **extra):  # noqa: A002 - mirrors argparse's name
@@ -49,7 +51,12 @@ class TrainOptions:
                                  "next-sentence heads to read. The starting encoder (embeddings and every layer) "
                                  "is then frozen and stays the one the embedding routes serve (config "
                                  "embedding_layer), so a sentence-embedding model keeps its embeddings exactly while "
-                                 "the new layers learn to fill masks. The new layers start near the identity.")
+                                 "the new layers learn to fill masks. See --head-layers-start for how they start.")
+    head_layers_start: str = option("identity", "How the --head-layers layers start: identity (near it, so the heads "
+                                                "first answer as before) or copy (copies of the encoder's top "
+                                                "--head-layers layers in order, as in progressive stacking, Gong et "
+                                                "al. 2019: the new layers compute from the first step on).",
+                                    choices=list(HEAD_LAYER_STARTS))
     freeze_encoder_steps: int = option(0, "Steps at the start of the run in which only the heads and pooler learn "
                                           "(the encoder and embeddings stay as --init-from gave them), so that fresh "
                                           "heads do not push the encoder with their first, random gradients.")
@@ -125,6 +132,8 @@ class TrainOptions:
             raise bad("head_layers", "must be 0 (off) or more")
         if self.head_layers and self.init_from is None:
             raise bad("head_layers", "needs --init-from (the encoder to stack the new layers on)")
+        if self.head_layers_start != "identity" and not self.head_layers:
+            raise bad("head_layers_start", "needs --head-layers (the layers it starts)")
         if self.head_layers and self.preserve_embeddings > 0:
             raise bad("head_layers", "freezes the starting encoder, so its embeddings stay exactly as they were: "
                                      "leave out --preserve-embeddings")

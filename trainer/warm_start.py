@@ -37,13 +37,17 @@ class WarmStart:
     source: dict  # what the run started from (name, architecture, licence, earlier training if ours)
 
 
-def load_warm_start(directory: Path, dropout: float | None = None, head_layers: int = 0) -> WarmStart:
+def load_warm_start(directory: Path, dropout: float | None = None, head_layers: int = 0,
+                    head_layers_start: str = "identity") -> WarmStart:
     """The starting point of an --init-from run (raises CheckpointError naming the file), with `head_layers`
     new layers stacked on its encoder for the heads (`stack_head_layers`)."""
     checkpoint = load_checkpoint(directory)
     if head_layers and checkpoint.config.embedding_layer is not None:
         raise CheckpointError(f"{directory / CONFIG_FILE}: --head-layers: this checkpoint already has layers above "
                               f"its embedding layer ({checkpoint.config.embedding_layer}); continue it without the flag")
+    if head_layers_start == "copy" and head_layers > checkpoint.config.num_hidden_layers:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: --head-layers-start copy: this checkpoint has "
+                              f"{checkpoint.config.num_hidden_layers} layers to copy, not {head_layers}")
     _check_vocabulary(checkpoint)
     loaded = checkpoint.model
     config = checkpoint.config
@@ -67,20 +71,25 @@ def load_warm_start(directory: Path, dropout: float | None = None, head_layers: 
         model = loaded
         log.info("--init-from %s: every head comes from the checkpoint", directory)
     if head_layers:
-        model = stack_head_layers(model, head_layers)
-        new_parts.append(f"{head_layers} layer(s) on top that only the heads read (the encoder below stays frozen)")
-        log.info("--init-from %s: %d new layer(s) on top for the heads; the embeddings stay those of layer %d",
-                 directory, head_layers, model.config.embedding_layer)
+        model = stack_head_layers(model, head_layers, head_layers_start)
+        start = "copies of its top layers" if head_layers_start == "copy" else "near the identity"
+        new_parts.append(f"{head_layers} layer(s) on top that only the heads read, {start} (the encoder below "
+                         "stays frozen)")
+        log.info("--init-from %s: %d new layer(s) on top for the heads, %s; the embeddings stay those of layer %d",
+                 directory, head_layers, start, model.config.embedding_layer)
     _apply_dropout(model, config.hidden_dropout_prob, config.attention_probs_dropout_prob)
     return WarmStart(model.train(), checkpoint.tokenizer, new_parts, describe_source(directory, new_parts))
 
 
-def stack_head_layers(model: BertForPreTraining, count: int) -> BertForPreTraining:
+def stack_head_layers(model: BertForPreTraining, count: int, start: str = "identity") -> BertForPreTraining:
     """`model` with `count` new encoder layers on top: its own last layer becomes `config.embedding_layer`
     (what the embedding routes serve), and the heads read the new top.
 
-    Each new layer starts close to the identity, so the heads see at first what they saw before: both
-    residual branches (attention and feed-forward outputs) start at zero, and each post-LN LayerNorm is
+    `start` "copy": the new layers are copies of the top `count` layers, in order (for `count` equal to the
+    depth this is Gong et al. 2019's progressive stacking, where a trained L-layer BERT becomes a 2L-layer one
+    whose upper half repeats the lower): they transform from the first step, so the heads see something new
+    and relearn. `start` "identity": each new layer starts close to the identity, so the heads see at first
+    what they saw before: both residual branches (attention and feed-forward outputs) start at zero, and each post-LN LayerNorm is
     set to undo its own normalisation for a typical input of the layer below (whose last LayerNorm,
     weight g and bias b, gives each token mean ~mean(b) and spread ~sqrt(mean(g^2) + var(b))). Queries,
     keys, values and the feed-forward input start random (N(0, 0.02)), as in a new model, so that the
@@ -95,11 +104,16 @@ def stack_head_layers(model: BertForPreTraining, count: int) -> BertForPreTraini
     new_names = tuple(f"bert.encoder.layer.{index}." for index in range(below.num_hidden_layers, config.num_hidden_layers))
     assert not unexpected and all(name.startswith(new_names) for name in missing), (missing, unexpected)
     stacked.tie_weights()
+    new_layers = stacked.bert.encoder.layer[below.num_hidden_layers:]
+    if start == "copy":
+        for new, old in zip(new_layers, model.bert.encoder.layer[below.num_hidden_layers - count:]):
+            new.load_state_dict(old.state_dict())
+        return stacked.train(model.training)
     last_norm = model.bert.encoder.layer[-1].output.LayerNorm
     with torch.no_grad():
         spread = torch.sqrt(last_norm.weight.pow(2).mean() + last_norm.bias.var(unbiased=False))
         centre = last_norm.bias.mean()
-        for layer in stacked.bert.encoder.layer[below.num_hidden_layers:]:
+        for layer in new_layers:
             for branch in (layer.attention.output.dense, layer.output.dense):
                 branch.weight.zero_()
                 branch.bias.zero_()

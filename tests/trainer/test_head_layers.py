@@ -46,6 +46,28 @@ def test_new_layers_start_near_the_identity():
     assert far_distance > 1.0 and far_agree < agree, (far_distance, far_agree)
 
 
+def test_copied_layers_repeat_the_top_layers_in_order():
+    """--head-layers-start copy: the new layers are the encoder's top layers again (progressive stacking), so the
+    new top computes those layers a second time over their own output."""
+    model = random_model(300, num_hidden_layers=3, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).eval()
+    stacked = stack_head_layers(model, 2, "copy").eval()
+    assert stacked.config.num_hidden_layers == 5 and stacked.config.embedding_layer == 3
+    layers = stacked.bert.encoder.layer
+    for new, old in ((layers[3], model.bert.encoder.layer[1]), (layers[4], model.bert.encoder.layer[2])):
+        new_state, old_state = new.state_dict(), old.state_dict()
+        assert new_state.keys() == old_state.keys()
+        assert all(torch.equal(new_state[k], old_state[k]) for k in old_state)
+        assert new.output.dense.weight.data_ptr() != old.output.dense.weight.data_ptr()  # copies, not shared
+    ids = torch.randint(5, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        below = model(ids).last_hidden_state
+        again = model.bert.encoder(below, None, start=1)  # the old top two layers once more, over their own output
+        assert torch.equal(stacked.bert.embed(ids), below)
+        top = stacked(ids).last_hidden_state
+    torch.testing.assert_close(top, again, atol=1e-5, rtol=1e-5)
+    assert (top - below).norm() > 0.1 * below.norm()  # unlike the identity start, the new layers transform
+
+
 def test_a_run_with_head_layers_trains_only_the_new_top(tmp_path, tokenizer, small_corpus, small_eval_corpus, caplog):
     start = encoder_directory(tmp_path / "start", tokenizer)  # 2 layers, no heads (a sentence-transformers layout)
     output = tmp_path / "out"
@@ -53,7 +75,7 @@ def test_a_run_with_head_layers_trains_only_the_new_top(tmp_path, tokenizer, sma
             "--lr": 3e-3}
     with caplog.at_level("INFO", logger="trainer"):
         assert main(tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **args)) == 0
-    assert "1 new layer(s) on top for the heads; the embeddings stay those of layer 2" in caplog.text
+    assert "1 new layer(s) on top for the heads, near the identity; the embeddings stay those of layer 2" in caplog.text
     before, after = load_file(start / "model.safetensors"), load_file(output / "model.safetensors")
     below = [n for n in after if n.startswith(("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1."))]
     assert below and all(torch.equal(after[n], before[n.removeprefix("bert.")]) for n in below)
@@ -87,6 +109,8 @@ def test_a_run_with_head_layers_trains_only_the_new_top(tmp_path, tokenizer, sma
     ({"--head-layers": -1, "--init-from": "START"}, "--head-layers must be 0 (off) or more"),
     ({"--head-layers": 1, "--init-from": "START", "--preserve-embeddings": 10}, "leave out --preserve-embeddings"),
     ({"--head-layers": 1, "--init-from": "STACKED"}, "already has layers above its embedding layer (2)"),
+    ({"--head-layers-start": "copy", "--init-from": "START"}, "--head-layers-start needs --head-layers"),
+    ({"--head-layers": 3, "--head-layers-start": "copy", "--init-from": "START"}, "has 2 layers to copy, not 3"),
 ])
 def test_bad_head_layer_requests_fail_in_one_line_before_anything_is_written(tmp_path, tokenizer, small_corpus,
                                                                             small_eval_corpus, extra, expected):
