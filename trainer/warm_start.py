@@ -89,11 +89,11 @@ def stack_head_layers(model: BertForPreTraining, count: int, start: str = "ident
     depth this is Gong et al. 2019's progressive stacking, where a trained L-layer BERT becomes a 2L-layer one
     whose upper half repeats the lower): they transform from the first step, so the heads see something new
     and relearn. `start` "identity": each new layer starts close to the identity, so the heads see at first
-    what they saw before: both residual branches (attention and feed-forward outputs) start at zero, and each post-LN LayerNorm is
-    set to undo its own normalisation for a typical input of the layer below (whose last LayerNorm,
-    weight g and bias b, gives each token mean ~mean(b) and spread ~sqrt(mean(g^2) + var(b))). Queries,
-    keys, values and the feed-forward input start random (N(0, 0.02)), as in a new model, so that the
-    zero branches get gradients from the first step on.
+    what they saw before: both residual branches (attention and feed-forward outputs) start at zero, and
+    each post-LN LayerNorm is set to undo its own normalisation for a typical input of the layer below
+    (whose last LayerNorm, weight g and bias b, gives each token mean ~mean(b) and spread
+    ~sqrt(mean(g^2) + var(b))). Queries, keys, values and the feed-forward input start random
+    (N(0, 0.02)), as in a new model, so that the zero branches get gradients from the first step on.
     """
     below = model.config
     config = dataclasses.replace(below, num_hidden_layers=below.num_hidden_layers + count,
