@@ -37,6 +37,13 @@ REQUIRED_VALUES = {
 }
 
 
+def served_embedding_layer(config) -> int:
+    """How many layers make the served embeddings: `embedding_layer`, or all of them. `config` is ours or a
+    `transformers` BertConfig (which keeps `embedding_layer` as a plain attribute when config.json has one)."""
+    layer = getattr(config, "embedding_layer", None)
+    return layer if layer is not None else config.num_hidden_layers
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
 
@@ -96,8 +103,7 @@ class BertConfig:
 
     @property
     def served_embedding_layer(self) -> int:
-        """How many layers make the served embeddings: `embedding_layer`, or all of them."""
-        return self.embedding_layer if self.embedding_layer is not None else self.num_hidden_layers
+        return served_embedding_layer(self)
 
     @property
     def head_dim(self) -> int:

@@ -20,6 +20,7 @@ from huggingface_hub import AsyncInferenceClient, InferenceClient
 from devkit.paths import REPO_ROOT
 from devkit.server import start_service
 from model import load_checkpoint
+from model.config import served_embedding_layer
 from service.settings import DEFAULT_CHECKPOINT
 from tests.clients.drive import TEXTS
 
@@ -62,7 +63,7 @@ def mean_pooled_reference(directory, texts: list[str]) -> np.ndarray:
     """transformers' BertModel, mean over each text's tokens, normalised: what every embedding client should get.
     The layer is the checkpoint's `embedding_layer` where it names one (a model with layers stacked for its heads)."""
     model = transformers.BertModel.from_pretrained(directory, add_pooling_layer=False, dtype=torch.float32).eval()
-    layer = getattr(model.config, "embedding_layer", None) or model.config.num_hidden_layers
+    layer = served_embedding_layer(model.config)
     tokenizer = load_checkpoint(directory).tokenizer
     rows = []
     for text in texts:

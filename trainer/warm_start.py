@@ -21,6 +21,7 @@ import torch
 
 from model.bert import BertForPreTraining, BertModel
 from model.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, load_checkpoint, read_metadata
+from model.config import served_embedding_layer
 from model.files import read_json_object
 from model.tokenizer import WordPieceTokenizer
 
@@ -131,7 +132,7 @@ def embedding_parameter(name: str, config) -> bool:
         return True
     if not name.startswith("bert.encoder.layer."):
         return False
-    return int(name.split(".")[3]) < (getattr(config, "embedding_layer", None) or config.num_hidden_layers)
+    return int(name.split(".")[3]) < served_embedding_layer(config)
 
 
 def frozen_encoder(directory: Path, device: torch.device) -> BertModel:
