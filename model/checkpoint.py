@@ -51,7 +51,7 @@ class CheckpointError(ValueError):
 class Checkpoint:
     directory: Path
     config: BertConfig
-    model: BertForPreTraining
+    model: BertForPreTraining | None  # None: loaded without weights (load_checkpoint_files)
     tokenizer: WordPieceTokenizer
     metadata: dict[str, Any] = field(default_factory=dict)
     pooling: PoolingRecipe = field(default_factory=lambda: PoolingRecipe("mean", False, "default"))
@@ -265,7 +265,26 @@ def load_checkpoint(
     model.tie_weights()
     model.to(device=device, dtype=dtype or torch.float32)
     model.eval()
+    return _with_text_files(directory, config, model, labels)
 
+
+def load_checkpoint_files(directory: str | Path, num_labels: int = 0) -> Checkpoint:
+    """A checkpoint without its weights (`model` is None): config, tokenizer, pooling, labels (for a
+    classifier of `num_labels` outputs) and metadata. What a process that tokenizes and formats needs,
+    at the cost of a few small files; the process that computes loads the whole checkpoint."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
+    config = load_config(directory)
+    try:
+        labels = LabelSpec.from_config(config, num_labels) if num_labels else None
+    except ConfigError as exc:
+        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
+    return _with_text_files(directory, config, None, labels)
+
+
+def _with_text_files(directory: Path, config: BertConfig, model: BertForPreTraining | None,
+                     labels: LabelSpec | None) -> Checkpoint:
     try:
         tokenizer = WordPieceTokenizer.load(directory, max_length_cap=config.max_position_embeddings)
     except TokenizerError as exc:

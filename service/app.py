@@ -1,87 +1,24 @@
-"""`create_app(settings) -> FastAPI`: routes, the error mapping, the guards, and the model's lifespan."""
+"""`create_app(settings) -> FastAPI`: the whole service in one process (`--workers 0`, and the tests).
+
+The HTTP side (`service.frontend`) over an engine in this same process (`service.engine.link`). With
+`--workers N` the same HTTP app runs in N processes instead, each over the engine process
+(`service.supervisor`).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from contextlib import asynccontextmanager
-
 from fastapi import FastAPI
 
-from service.guards import Admission, BodyLimit, RequestMetrics
-from service.http_errors import install_error_handlers
-from service.pages import mount_assets, pages, playground_page
-from service.routes import api, public
-from service.routes_classify import classify
-from service.routes_openai import openai, openai_alias
-from service.routes_root import root
-from service.routes_tei import tei
-from service.runtime import Runtime
+from service.engine.link import LocalLink
+from service.frontend.app import create_http_app
+from service.frontend.runtime import Runtime
+from service.metrics import Metrics
 from service.settings import Settings
-
-log = logging.getLogger("service")
-
-DESCRIPTION = """Contextual token embeddings, masked-token fill-in and next-sentence scores from a BERT checkpoint,
-behind dynamic batching; OpenAI- and text-embeddings-inference-compatible embedding routes for existing clients.
-Errors on our routes have the body `{"error": "...", "error_type": "..."}`; the compatible routes answer errors in
-their API's own shape. A playground for people is at `/`."""
 
 
 def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI:
     """The service as an ASGI app. `engine_factory(model, device, dtype)` replaces the engine (tests
     inject faults through it)."""
     settings = settings or Settings()
-    runtime = Runtime(settings, engine_factory)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        # Load in the background: the server answers /health with 503 until the model is warm.
-        async def load():
-            try:
-                await asyncio.to_thread(runtime.load)
-            except Exception as exc:  # noqa: BLE001 - reported, and the process stops (see __main__)
-                runtime.lifecycle.failed(str(exc))
-                log.error("cannot serve: %s", exc)
-                if app.state.on_load_failure is not None:
-                    app.state.on_load_failure(exc)
-
-        app.state.loading = asyncio.create_task(load())
-        try:
-            yield
-        finally:
-            runtime.lifecycle.drain()
-            if not app.state.loading.done():
-                await app.state.loading
-            await asyncio.to_thread(runtime.shutdown)
-            log.info("shutdown: answered %d of %d accepted requests", runtime.requests.answered,
-                     runtime.requests.accepted)
-
-    app = FastAPI(title="BERT service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)  # served by service.pages from local assets
-    app.state.runtime = runtime
-    app.state.on_load_failure = None
-    routers = (public, api, openai, openai_alias, tei, classify, root)
-    for router in routers:
-        app.include_router(router)
-
-    # The route table, read off the routers: what computes (POST), and the metric labels.
-    routes = [route for router in routers for route in router.routes]
-    api_routes = frozenset(r.path for r in routes if "POST" in r.methods)
-    labels = frozenset(r.path for r in routes)
-
-    def route_label(path: str) -> str:
-        """Metrics label: the route, or "other" (unknown paths must not create unbounded label values)."""
-        return path if path in labels else "other"
-
-    app.include_router(pages)
-    app.include_router(playground_page)
-    mount_assets(app)
-    install_error_handlers(app, on_error=lambda kind, request: runtime.metrics.failures.labels(
-        route_label(request.url.path), kind).inc())
-    metrics = runtime.metrics
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label)
-    app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label)
-    app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
-    return app
+    metrics = Metrics()
+    return create_http_app(Runtime(settings, LocalLink(settings, metrics, engine_factory), metrics))

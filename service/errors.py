@@ -1,6 +1,6 @@
 """What can go wrong for a client, as plain Python: an error kind and a message fit to show.
 
-The kinds are the service's vocabulary; `service.http_errors` alone turns them into HTTP responses.
+The kinds are the service's vocabulary; `service.frontend.http_errors` alone turns them into HTTP responses.
 This module imports nothing, so the batcher and the engine can raise these without knowing HTTP.
 """
 

@@ -24,6 +24,12 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")
+    workers: int | Literal["auto"] = Field("auto", description=(
+        "HTTP front-end processes (HTTP, validation, tokenization, JSON) in front of the one engine process that "
+        "owns the device, the model and the batcher; they share the port, the admission limit and the metrics. "
+        "0 = one process does everything (least memory, no inter-process hop). auto = 0 on a CPU (the model needs "
+        "the cores), and on a GPU one per two cores beyond the engine's, from 2 to 8 (a small model on a big GPU is "
+        "bound by the CPU work of its requests). See the README's 'Processes'."))
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field("auto", description=(
         "Number format. auto = float32 on CPU (exact), bfloat16 on GPUs that support it, else float16. On CPU, "
         "bfloat16 (CPUs with AVX512-BF16 or AMX) and int8 (encoder Linear layers, per-token scales and "
@@ -99,6 +105,13 @@ class Settings(BaseSettings):
         "auto: yes for one output (a cross-encoder) or NLI-style labels (entailment/contradiction), no otherwise; "
         "a pair sent to a single-text classifier gets 422."))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Server log level.")
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int | str) -> int | str:
+        if value != "auto" and not 0 <= value <= 64:
+            raise ValueError("workers must be auto or a number of front-end processes from 0 to 64")
+        return value
 
     @field_validator("device")
     @classmethod

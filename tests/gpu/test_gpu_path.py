@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from service.engine import Engine
+from service.engine.engine import Engine
 from service.tasks import EncodeItem, FillMaskItem, NspItem
 from tests.conftest import random_model
 

@@ -200,7 +200,7 @@ async def test_liveness_is_not_readiness(tiny_checkpoint):
         draining = await client.get("/live")
         assert draining.status_code == 200 and draining.json()["state"] == "draining"
         runtime.lifecycle.state = "ready"
-        runtime.batcher.stop()  # the threads end, as a crashed one would
+        runtime.link.loaded.batcher.stop()  # the threads end, as a crashed one would
         dead = await client.get("/live")
         assert dead.status_code == 503 and "thread" in dead.json()["error"]
         openapi = (await client.get("/openapi.json", headers={"Authorization": "Bearer a-long-secret"})).json()

@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from model.flops import packed_batch_flops
-from service.batcher import Batcher, BatchPolicy, Entry, Ticket, choose_batch
+from service.engine.batcher import Batcher, BatchPolicy, Entry, Ticket, choose_batch
 from service.metrics import Metrics
 from tests.conftest import tiny_config
 
@@ -105,12 +105,12 @@ def test_compute_threads_run_at_the_asked_niceness():
 def test_cpu_batch_size_is_the_largest_within_reach_of_the_fastest(monkeypatch):
     """`--cpu-batch-tokens 0`: a measured curve whose time per token is lowest at 1024 tokens and rises past it
     (on a simulated clock, so the test does not depend on this machine's load)."""
-    import service.batch_size
-    from service.batch_size import measure_batch_tokens
+    import service.engine.batch_size
+    from service.engine.batch_size import measure_batch_tokens
 
     per_token_s = {256: 20e-6, 512: 12e-6, 1024: 10e-6, 2048: 10.5e-6, 4096: 15e-6}
     clock = [0.0]
-    monkeypatch.setattr(service.batch_size.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(service.engine.batch_size.time, "perf_counter", lambda: clock[0])
 
     class CurveEngine:
         def collate(self, items):

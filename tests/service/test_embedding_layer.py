@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from model import load_checkpoint, save_checkpoint
-from service.engine import Engine
+from service.engine.engine import Engine
 from service.tasks import EncodeItem, FillMaskItem
 from tests.conftest import random_model
 from tests.service.conftest import serving

@@ -9,7 +9,7 @@ import threading
 import pytest
 import transformers
 
-from service.engine import Engine
+from service.engine.engine import Engine
 from tests.service.conftest import serving
 
 pytestmark = pytest.mark.anyio

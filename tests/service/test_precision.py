@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.precision import PrecisionError, choose
+from service.engine.precision import PrecisionError, choose
 from tests.service.conftest import serving
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,8 @@
 """ASGI middlewares in front of the routes, each with one job:
 
 - `RequestMetrics`: counts every request and its answer, per route, status and duration;
-- `Admission`: at most `max_concurrent_requests` API requests at once; beyond, 429 at once;
+- `Admission`: at most `max_concurrent_requests` API requests at once (over every front-end process,
+  `service.frontend.admission`); beyond, 429 at once;
 - `BodyLimit`: JSON content type (415) and the body size limit (413), the body read here and replayed.
 
 Refusals happen before the body is read: under a flood, refusing costs next to nothing, so the event
@@ -12,16 +13,15 @@ from __future__ import annotations
 
 import time
 
-from service.http_errors import error_response
+from service.frontend.http_errors import error_response
 from service.metrics import Metrics
-from service.runtime import RequestCounts
 
 
 class RequestMetrics:
-    def __init__(self, app, metrics: Metrics, counts: RequestCounts, route_label):
+    def __init__(self, app, metrics: Metrics, counts, route_label):
         self.app = app
         self.metrics = metrics
-        self.counts = counts
+        self.counts = counts  # RequestCounts: accepted and fully answered
         self.route_label = route_label  # path -> metrics label (unknown paths share one label)
 
     async def __call__(self, scope, receive, send):
@@ -46,27 +46,41 @@ class RequestMetrics:
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
 
 
+class InFlight:
+    """Requests in flight in this process: the admission count of a server with one front end."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def total(self) -> int:
+        return self.count
+
+    def add(self, delta: int) -> None:
+        self.count += delta
+
+
 class Admission:
-    def __init__(self, app, limit: int, api_routes: frozenset[str], metrics: Metrics, route_label):
+    def __init__(self, app, limit: int, api_routes: frozenset[str], metrics: Metrics, route_label,
+                 in_flight: InFlight):
         self.app = app
         self.limit = limit
         self.api_routes = api_routes  # the POST routes that compute
         self.metrics = metrics
         self.route_label = route_label
-        self.in_flight = 0
+        self.in_flight = in_flight  # this process's count, or one shared by every front end
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.api_routes:
             return await self.app(scope, receive, send)
-        if self.in_flight >= self.limit:
+        if self.in_flight.total() >= self.limit:
             self.metrics.failures.labels(self.route_label(scope["path"]), "overloaded").inc()
             return await error_response("overloaded", f"{self.limit} requests are being handled already; retry later",
                                         scope["path"], retry_after_s=1)(scope, receive, send)
-        self.in_flight += 1
+        self.in_flight.add(1)
         try:
             await self.app(scope, receive, send)
         finally:
-            self.in_flight -= 1
+            self.in_flight.add(-1)
 
 
 class BodyLimit:

@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.outputs import json_response
+from service.frontend.outputs import json_response
 
 log = logging.getLogger("service")
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.inputs import is_pair, preparation
-from service.outputs import json_response, labelled
-from service.routes import Door, State, client_gone, require_api_key
-from service.routes_tei import ERRORS
-from service.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
+from service.frontend.inputs import is_pair, preparation
+from service.frontend.outputs import json_response, labelled
+from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.routes_tei import ERRORS
+from service.frontend.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 
 classify = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["TEI-compatible"])
 

@@ -2,7 +2,7 @@
 LlamaIndex's OpenAI embeddings) can point here: `POST /v1/embeddings`, `GET /v1/models`.
 
 Vectors are pooled as the checkpoint's sentence-transformers recipe says (mean otherwise) and always
-normalized, as OpenAI's are. Errors have OpenAI's body (`service.http_errors`), so the client raises
+normalized, as OpenAI's are. Errors have OpenAI's body (`service.frontend.http_errors`), so the client raises
 its own exception classes.
 """
 
@@ -12,10 +12,10 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.inputs import preparation
-from service.outputs import b64_floats, json_response
-from service.routes import Door, State, client_gone, require_api_key
-from service.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, OpenAIError
+from service.frontend.inputs import preparation
+from service.frontend.outputs import b64_floats, json_response
+from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, OpenAIError
 
 ERRORS = {status: {"model": OpenAIError} for status in (400, 401, 413, 415, 429, 500, 501, 503)}
 openai = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["OpenAI-compatible"])

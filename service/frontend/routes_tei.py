@@ -8,10 +8,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from service.inputs import preparation
-from service.outputs import json_response
-from service.routes import Door, State, client_gone, require_api_key
-from service.schemas_tei import (
+from service.frontend.inputs import preparation
+from service.frontend.outputs import json_response
+from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.schemas_tei import (
     TeiDecodeRequest,
     TeiEmbedAllRequest,
     TeiEmbedRequest,

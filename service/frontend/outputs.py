@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 from starlette.responses import Response
 
-from service.frontdoor import EncodeOutput, MaskOutput, NspOutput
+from service.frontend.frontdoor import EncodeOutput, MaskOutput, NspOutput
 from service.tasks import TokenVectors
 
 

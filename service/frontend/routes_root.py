@@ -28,13 +28,13 @@ from starlette.responses import Response
 
 from model.tokenizer import MASK
 from service.errors import ServiceError
-from service.frontdoor import FrontDoor
-from service.inputs import is_pair, preparation
-from service.outputs import json_response, labelled
-from service.routes import Door, State, client_gone, require_api_key
-from service.routes_tei import ERRORS
-from service.schemas import Strict, Text
-from service.schemas_tei import Direction, TeiInput, TeiSimilarityRequest
+from service.frontend.frontdoor import FrontDoor
+from service.frontend.inputs import is_pair, preparation
+from service.frontend.outputs import json_response, labelled
+from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.routes_tei import ERRORS
+from service.frontend.schemas import Strict, Text
+from service.frontend.schemas_tei import Direction, TeiInput, TeiSimilarityRequest
 
 root = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["Hugging Face Inference API"])
 EXPLICIT = "call the explicit route instead: /embed, /fill-mask, /similarity or /predict"

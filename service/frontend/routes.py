@@ -9,12 +9,12 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
-from service.frontdoor import FrontDoor
-from service.http_errors import STATUS
-from service.inputs import Preparation
-from service.outputs import encode_result, fill_mask_result, json_response, nsp_result
-from service.runtime import Runtime
-from service.schemas import (
+from service.frontend.frontdoor import FrontDoor
+from service.frontend.http_errors import STATUS
+from service.frontend.inputs import Preparation
+from service.frontend.outputs import encode_result, fill_mask_result, json_response, nsp_result
+from service.frontend.runtime import Runtime
+from service.frontend.schemas import (
     EncodeRequest,
     EncodeResponse,
     ErrorBody,

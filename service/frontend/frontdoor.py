@@ -1,8 +1,8 @@
-"""The typed front door of a loaded model: one method per task, below HTTP and above the batcher.
+"""The typed front door of a loaded model: one method per task, below HTTP and above the engine link.
 
-Each method checks and tokenizes its inputs (`service.inputs`), queues the items with a deadline,
-waits for their results (or for the caller to give up), and returns typed outputs that carry all a
-response needs. Routes of any API shape (ours, OpenAI's, TEI's) call these and only format.
+Each method checks and tokenizes its inputs (`service.frontend.inputs`), hands the items to the engine
+(`service.frontend.link`) with a deadline, waits for their results (or for the caller to give up), and
+returns typed outputs that carry all a response needs. Routes of any API shape (ours, OpenAI's, TEI's) call these and only format.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from model.tokenizer import WordPieceTokenizer
-from service.batcher import Batcher, Ticket
 from service.errors import ServiceError
-from service.inputs import (
+from service.frontend.link import EngineLink
+from service.frontend.inputs import (
     Limits,
     Piece,
     Preparation,
@@ -82,11 +82,11 @@ Waiter = Callable[[], Awaitable[None]] | None  # returns when the caller has gon
 
 
 class FrontDoor:
-    def __init__(self, tokenizer: WordPieceTokenizer, batcher: Batcher, limits: Limits, metrics: Metrics,
+    def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
                  classifier_pairs: bool = False):
         self.tokenizer = tokenizer
-        self.batcher = batcher
+        self.engine = engine
         self.limits = limits
         self.metrics = metrics
         self.queue_timeout_s = queue_timeout_s
@@ -211,26 +211,18 @@ class FrontDoor:
 
     async def _compute(self, items: list[Item], gone: Waiter) -> list:
         """Queue the items and wait for their results, or until `gone()` returns (the caller left)."""
-        ticket = Ticket(deadline=time.monotonic() + self.queue_timeout_s)
-        results = asyncio.ensure_future(asyncio.gather(*self.batcher.submit(items, ticket)))
+        pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s)
         if gone is None:
-            waiting = {results}
-        else:
-            left = asyncio.ensure_future(gone())
-            waiting = {results, left}
+            return await pending.result  # a failed item has already cancelled the rest of the request
+        left = asyncio.ensure_future(gone())
         try:
-            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((pending.result, left), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if gone is not None:
-                left.cancel()
-        if results in done:
-            try:
-                return results.result()
-            except ServiceError:
-                ticket.cancelled = True  # one input failed: do not compute the rest of this request
-                raise
-        ticket.cancelled = True  # the batcher drops this request's queued entries before compute
-        results.cancel()
+            left.cancel()
+        if pending.result in done:
+            return pending.result.result()
+        pending.cancel()  # the engine drops this request's queued entries before compute
+        pending.result.cancel()
         raise ServiceError("unavailable", "client disconnected")
 
     def _predictions(self, input_ids: list[int], result: FillMaskScores) -> list[MaskOutput]:

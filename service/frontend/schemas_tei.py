@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from service.schemas import Pair, Strict, Text
+from service.frontend.schemas import Pair, Strict, Text
 
 # TEI's `Input`: a text, token ids of the served tokenizer, or a list of either.
 TokenIds = list[int]

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from service.errors import ServiceError
 from service.metrics import Metrics
-from service.threads import lower_thread_priority, name_os_thread
+from service.engine.threads import lower_thread_priority, name_os_thread
 
 log = logging.getLogger("service")
 

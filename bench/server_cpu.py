@@ -1,0 +1,141 @@
+"""CPU the server spends per request when the model costs nearly nothing: the cost of being a server.
+
+A checkpoint with the bundled tokenizer and a nearly free encoder (1 layer, hidden 32, random weights)
+is served, clients send `/embed` requests of 1 or 8 sentences back to back, and the CPU time of every
+process of the server (the supervisor, the engine and each HTTP front end; read from /proc) is divided
+by the requests answered. The clients' own CPU is not counted. On a GPU host this is what bounds the
+requests per second one process can take; the model's own cost is measured by bench.serving.
+
+    python -m bench.server_cpu --workers 0 1 2 --inputs-per-request 1 8 --concurrency 64 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.serving import drive, sentences
+from devkit.server import start_service
+from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
+from service.settings import DEFAULT_CHECKPOINT
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Row:
+    workers: int
+    inputs_per_request: int
+    concurrency: int
+    requests_per_s: float
+    server_cpu_ms_per_request: float
+    server_cpu_ms_per_sentence: float
+    server_cores_busy: float  # CPU seconds of the server per second of wall time
+    p50_ms: float
+    p99_ms: float
+
+
+def nearly_free_checkpoint(directory: Path) -> Path:
+    """The bundled tokenizer over a 1-layer, 32-wide encoder: its forward costs next to nothing."""
+    tokenizer = WordPieceTokenizer.load(DEFAULT_CHECKPOINT)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)
+    save_checkpoint(directory, BertForPreTraining(config).eval(), tokenizer, metadata={"note": "random weights"})
+    return directory
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(parents.get(pid, []))
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds of each live process."""
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[pid] = (int(fields[11]) + int(fields[12])) / TICKS
+    return out
+
+
+def measure(url: str, root: int, texts: list[str], concurrency: int, per_request: int, seconds: float,
+            workers: int) -> Row:
+    counts = {t: 1 for t in texts}
+    request = lambda chosen: ("/embed", {"inputs": chosen[0] if len(chosen) == 1 else chosen})  # noqa: E731
+    asyncio.run(drive(url, texts, concurrency, 2.0, counts, request, per_request))  # warm-up
+    before = cpu_seconds(process_tree(root))
+    latencies, sentences_sent, _, wall = asyncio.run(drive(url, texts, concurrency, seconds, counts, request,
+                                                           per_request))
+    after = cpu_seconds(process_tree(root))
+    used = sum(after[pid] - before.get(pid, 0.0) for pid in after)  # a process that ended took its share along
+    latencies.sort()
+    return Row(workers, per_request, concurrency, len(latencies) / wall, 1000 * used / len(latencies),
+               1000 * used / sentences_sent, used / wall, 1000 * latencies[len(latencies) // 2],
+               1000 * latencies[int(len(latencies) * 0.99)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="the service's --workers values")
+    parser.add_argument("--inputs-per-request", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="more flags for the service")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="server-cpu-"))
+    try:
+        checkpoint = nearly_free_checkpoint(work / "nearly-free")
+        texts = sentences(2000, None, None)
+        rows = []
+        for workers in args.workers:
+            process, url = start_service(checkpoint, *((["--workers", str(workers)]) if workers >= 0 else []), *args.server_args)
+            try:
+                for per_request in args.inputs_per_request:
+                    rows.append(measure(url, process.pid, texts, args.concurrency, per_request, args.seconds, workers))
+                    print(json.dumps(asdict(rows[-1])), flush=True)
+            finally:
+                process.terminate()
+                process.wait(60)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.concurrency} clients "
+          f"sharing the machine with the server; server CPU counted over all its processes\n")
+    print("| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | cores busy | p50 ms | p99 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r.workers} | {r.inputs_per_request} | {r.requests_per_s:,.0f} | {r.server_cpu_ms_per_request:.2f} | "
+              f"{r.server_cpu_ms_per_sentence:.3f} | {r.server_cores_busy:.2f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

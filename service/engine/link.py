@@ -1,0 +1,67 @@
+"""The engine in the HTTP process itself (`--workers 0`, and the tests): items go straight into the batcher.
+
+The engine process (`service.engine.server`) puts the same two steps behind its socket, so both
+arrangements queue, cancel and fail requests the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from service.engine.batcher import Batcher, Ticket
+from service.engine.loader import LoadedEngine, load_engine
+from service.errors import ServiceError
+from service.messages import ModelFacts
+from service.metrics import Metrics
+from service.settings import Settings
+from service.tasks import Item
+
+
+@dataclass
+class LocalPending:
+    result: asyncio.Future
+    ticket: Ticket
+
+    def cancel(self) -> None:
+        self.ticket.cancelled = True  # the batcher drops the request's entries that have not run
+
+
+def submit(batcher: Batcher, items: list[Item], deadline: float) -> LocalPending:
+    """Queue a request's items; when one of them fails, the rest of the request is not computed."""
+    ticket = Ticket(deadline=deadline)
+    result = asyncio.gather(*batcher.submit(items, ticket))
+
+    def cancel_rest(done: asyncio.Future) -> None:
+        if not done.cancelled() and isinstance(done.exception(), ServiceError):
+            ticket.cancelled = True
+
+    result.add_done_callback(cancel_rest)
+    return LocalPending(result, ticket)
+
+
+class LocalLink:
+    """`service.frontend.link.EngineLink` for an engine in this process."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, engine_factory=None):
+        self.settings = settings
+        self.metrics = metrics
+        self.engine_factory = engine_factory
+        self.loaded: LoadedEngine | None = None
+        self.detail = "loading the model"
+
+    async def start(self) -> ModelFacts:
+        self.loaded = await asyncio.to_thread(load_engine, self.settings, self.metrics, self.engine_factory)
+        return self.loaded.facts
+
+    def submit(self, items: list[Item], deadline: float) -> LocalPending:
+        return submit(self.loaded.batcher, items, deadline)
+
+    def failure(self) -> str | None:
+        if self.loaded is not None and not self.loaded.batcher.workers_alive:
+            return "a batching thread has died; restart the server"
+        return None
+
+    async def stop(self) -> None:
+        if self.loaded is not None:
+            await asyncio.to_thread(self.loaded.batcher.stop)

@@ -1,0 +1,87 @@
+"""The engine side's start-up: checkpoint -> device, precision, engine, warm-up, batch budget, batcher.
+
+`load_engine(settings, metrics)` returns a `LoadedEngine` that computes; `link(loaded)` puts the front
+door's interface (`service.engine.link.LocalLink`) on its batcher. Blocking: it runs in a thread while
+the HTTP side already answers /health with 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from model.checkpoint import Checkpoint, load_checkpoint
+from model.device import keep_freed_memory, pick_device
+from service.engine.batch_size import measure_batch_tokens
+from service.engine.batcher import Batcher, BatchPolicy
+from service.engine.engine import Engine
+from service.engine.precision import Precision, PrecisionError, choose, prepare_model
+from service.messages import ModelFacts
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger("service")
+
+
+@dataclass
+class LoadedEngine:
+    checkpoint: Checkpoint
+    engine: Engine
+    batcher: Batcher
+    precision: Precision
+    facts: ModelFacts
+
+
+def build_engine(checkpoint: Checkpoint, device: torch.device, precision: Precision, engine_factory=Engine) -> Engine:
+    """The engine for `checkpoint` on `device` in `precision` (int8 quantizes, after calibration)."""
+    return engine_factory(prepare_model(checkpoint.model, precision, checkpoint.tokenizer), device, precision.dtype)
+
+
+def plan_compute(concurrent_batches: int, device: torch.device) -> int:
+    """How many batches run at once; on CPU, also splits torch's threads between them."""
+    if device.type != "cpu":
+        return concurrent_batches or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    batches = concurrent_batches or (2 if cores >= 2 else 1)
+    torch.set_num_threads(max(1, cores // batches))
+    return batches
+
+
+def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> LoadedEngine:
+    """Load, warm up and start batching; raises RuntimeError/CheckpointError/ValueError with a message to show."""
+    started = time.perf_counter()
+    s = settings
+    try:
+        device = pick_device(s.device)
+        precision = choose(s.dtype, device)
+    except (ValueError, PrecisionError) as exc:
+        raise RuntimeError(str(exc)) from None
+    if device.type == "cpu" and s.cpu_keep_freed_memory and not keep_freed_memory():
+        log.info("cpu_keep_freed_memory: not glibc, left to the system allocator")
+    checkpoint = load_checkpoint(s.checkpoint, device="cpu")
+    tokenizer = checkpoint.tokenizer
+    engine = build_engine(checkpoint, device, precision, engine_factory or Engine)
+    if s.max_batch_tokens < tokenizer.model_max_length:
+        raise ValueError(f"max_batch_tokens ({s.max_batch_tokens}) is below the model's maximum input length "
+                         f"({tokenizer.model_max_length}); a long input could never be scheduled")
+    runners = plan_compute(s.concurrent_batches, device)  # sets the threads each runner computes with
+    if s.warmup:
+        engine.warm_up(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
+    batch_tokens = s.max_batch_tokens
+    if device.type == "cpu":
+        batch_tokens = min(batch_tokens, s.cpu_batch_tokens or measure_batch_tokens(
+            engine, tokenizer.token_to_id("the") or tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
+            ceiling=s.max_batch_tokens))
+    policy = BatchPolicy(batch_tokens, s.max_batch_size, s.max_wait_ms / 1000, s.max_queue_items,
+                         s.max_padding_fraction, runners=runners, runner_niceness=s.compute_niceness)
+    batcher = Batcher(engine, policy, metrics)
+    batcher.start()
+    facts = ModelFacts(device=str(device), dtype=precision.name, has_mlm_head=engine.has_mlm_head,
+                       has_nsp_head=engine.has_nsp_head, num_labels=engine.num_labels,
+                       batch_tokens_in_force=batch_tokens)
+    log.info("model on %s (%s), ready in %.1f s", device, precision.name, time.perf_counter() - started)
+    return LoadedEngine(checkpoint, engine, batcher, precision, facts)

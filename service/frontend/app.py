@@ -1,0 +1,89 @@
+"""`create_http_app(runtime) -> FastAPI`: routes, the error mapping, the guards, and the runtime's lifespan.
+
+The runtime's engine link decides where batches run; `service.app.create_app` (one process) and
+`service.frontend.worker` (a front-end process of several) build it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.frontend.guards import Admission, BodyLimit, InFlight, RequestMetrics
+from service.frontend.http_errors import install_error_handlers
+from service.frontend.pages import mount_assets, pages, playground_page
+from service.frontend.routes import api, public
+from service.frontend.routes_classify import classify
+from service.frontend.routes_openai import openai, openai_alias
+from service.frontend.routes_root import root
+from service.frontend.routes_tei import tei
+from service.frontend.runtime import Runtime
+
+log = logging.getLogger("service")
+
+DESCRIPTION = """Contextual token embeddings, masked-token fill-in and next-sentence scores from a BERT checkpoint,
+behind dynamic batching; OpenAI- and text-embeddings-inference-compatible embedding routes for existing clients.
+Errors on our routes have the body `{"error": "...", "error_type": "..."}`; the compatible routes answer errors in
+their API's own shape. A playground for people is at `/`."""
+
+
+def create_http_app(runtime: Runtime, admission=None) -> FastAPI:
+    """The HTTP side of the service over `runtime`; `admission` counts the requests in flight (default: this
+    process's own count; `service.frontend.admission.SharedInFlight` counts those of every front end)."""
+    settings = runtime.settings
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # Load in the background: the server answers /health with 503 until the model is warm.
+        async def load():
+            try:
+                await runtime.start()
+            except Exception as exc:  # noqa: BLE001 - reported, and the process stops (see __main__)
+                runtime.lifecycle.failed(str(exc))
+                log.error("cannot serve: %s", exc)
+                if app.state.on_load_failure is not None:
+                    app.state.on_load_failure(exc)
+
+        app.state.loading = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            runtime.lifecycle.drain()
+            if not app.state.loading.done():
+                await app.state.loading
+            await runtime.shutdown()
+            log.info("shutdown: answered %d of %d accepted requests", runtime.requests.answered,
+                     runtime.requests.accepted)
+
+    app = FastAPI(title="BERT service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # served by service.frontend.pages from local assets
+    app.state.runtime = runtime
+    app.state.on_load_failure = None
+    routers = (public, api, openai, openai_alias, tei, classify, root)
+    for router in routers:
+        app.include_router(router)
+
+    # The route table, read off the routers: what computes (POST), and the metric labels.
+    routes = [route for router in routers for route in router.routes]
+    api_routes = frozenset(r.path for r in routes if "POST" in r.methods)
+    labels = frozenset(r.path for r in routes)
+
+    def route_label(path: str) -> str:
+        """Metrics label: the route, or "other" (unknown paths must not create unbounded label values)."""
+        return path if path in labels else "other"
+
+    app.include_router(pages)
+    app.include_router(playground_page)
+    mount_assets(app)
+    install_error_handlers(app, on_error=lambda kind, request: runtime.metrics.failures.labels(
+        route_label(request.url.path), kind).inc())
+    metrics = runtime.metrics
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
+                       route_label=route_label)
+    app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
+                       route_label=route_label, in_flight=admission or InFlight())
+    app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
+    return app

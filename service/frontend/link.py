@@ -1,0 +1,39 @@
+"""What the HTTP side needs of an engine, whichever process it runs in.
+
+Two links implement it: `service.engine.link.LocalLink` (the engine in this process: `--workers 0`,
+and the tests) and `service.frontend.remote.RemoteLink` (the engine process, over ZeroMQ). The front
+door and the routes see only this interface and the types of `service.messages`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from service.messages import ModelFacts
+from service.tasks import Item
+
+
+class Pending(Protocol):
+    """One request's items on their way through the engine."""
+
+    result: asyncio.Future  # resolves to list[Result] in item order, or raises ServiceError
+
+    def cancel(self) -> None:
+        """Drop whatever of the request has not run yet (its client left, or one of its items failed)."""
+
+
+class EngineLink(Protocol):
+    detail: str  # what loading is doing now, for /health's 503 while loading
+
+    async def start(self) -> ModelFacts:
+        """Return once the engine is ready to compute; raise RuntimeError (with the reason) if it cannot be."""
+
+    def submit(self, items: list[Item], deadline: float) -> Pending:
+        """Queue `items` to reach the device by `deadline` (time.monotonic()); raise ServiceError to refuse them."""
+
+    def failure(self) -> str | None:
+        """Why the engine can no longer compute (a dead thread or process), or None while it can."""
+
+    async def stop(self) -> None:
+        """Compute everything accepted, then stop."""

@@ -1,0 +1,141 @@
+"""What the HTTP side and the engine say to each other: the only thing the two packages share.
+
+`service.tasks` holds the work items and their results; this module adds the envelopes around them
+and their wire form. Messages are plain dataclasses; on the wire each is a msgpack array led by a
+type tag, and a numpy array is a msgpack extension holding its dtype, shape and raw bytes (no pickle:
+nothing on the wire can name code to run).
+
+    HTTP front end  --Hello, Submit, Cancel-->  engine
+    HTTP front end  <--Status, Done, Failed---  engine
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from service.tasks import (
+    ClassifyItem,
+    ClassLogits,
+    EncodeItem,
+    FillMaskItem,
+    FillMaskScores,
+    Item,
+    MaskScores,
+    NspItem,
+    NspLogits,
+    PooledVector,
+    Result,
+    SparseItem,
+    SparseVector,
+    TokenVectors,
+)
+
+
+@dataclass
+class Hello:
+    """A front end announces itself (at start and after the engine restarts); the engine answers with Status."""
+
+    worker: int
+
+
+@dataclass
+class Submit:
+    """One HTTP request's items, computed together or failed together."""
+
+    request_id: int
+    items: list[Item]
+    deadline: float  # time.monotonic() by which they must reach the device (one clock for every process of a host)
+
+
+@dataclass
+class Cancel:
+    """The client went away: drop the request's items that have not run yet."""
+
+    request_id: int
+
+
+@dataclass
+class ModelFacts:
+    """What only the loaded model knows, and the HTTP side needs (heads, /info)."""
+
+    device: str
+    dtype: str
+    has_mlm_head: bool
+    has_nsp_head: bool
+    num_labels: int
+    batch_tokens_in_force: int
+
+
+@dataclass
+class Status:
+    """The engine's state: loading (with progress in `detail`), ready (with `facts`), failed, or draining."""
+
+    state: str
+    detail: str = ""
+    facts: ModelFacts | None = None
+
+
+@dataclass
+class Done:
+    request_id: int
+    results: list[Result]
+
+
+@dataclass
+class Failed:
+    """A ServiceError of the engine side, for the HTTP side to answer with."""
+
+    request_id: int
+    kind: str
+    message: str
+    retry_after_s: float | None = None
+
+
+Message = Hello | Submit | Cancel | Status | Done | Failed
+
+# Tags are the wire format: append, never renumber.
+_TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, FillMaskItem, NspItem, ClassifyItem,
+          SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector)
+_TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
+_ARRAY, _RECORD = 1, 2  # extension codes: a numpy array, a dataclass of _TYPES
+
+
+def _pack_default(value):
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        header = msgpack.packb((array.dtype.str, array.shape))
+        return msgpack.ExtType(_ARRAY, len(header).to_bytes(2, "little") + header + array.tobytes())
+    cls = type(value)
+    if cls in _TAG:
+        fields = [_TAG[cls], *(getattr(value, name) for name in _FIELDS[cls])]
+        return msgpack.ExtType(_RECORD, msgpack.packb(fields, default=_pack_default, use_bin_type=True))
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot send a {cls.__name__}")
+
+
+def _unpack_ext(code: int, data: bytes):
+    if code == _RECORD:
+        tag, *fields = msgpack.unpackb(data, ext_hook=_unpack_ext, raw=False)
+        return _TYPES[tag](*fields)
+    if code != _ARRAY:
+        raise ValueError(f"unknown extension {code}")
+    size = int.from_bytes(data[:2], "little")
+    dtype, shape = msgpack.unpackb(data[2:2 + size])
+    return np.frombuffer(data, dtype=np.dtype(dtype), offset=2 + size).reshape(shape)
+
+
+def encode(message: Message) -> bytes:
+    return msgpack.packb(message, default=_pack_default, use_bin_type=True)
+
+
+def decode(frame: bytes) -> Message:
+    message = msgpack.unpackb(frame, ext_hook=_unpack_ext, raw=False)
+    if not isinstance(message, (Hello, Submit, Cancel, Status, Done, Failed)):
+        raise ValueError("not a message")
+    return message
