@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from bench.precision import held_out, ours, speed
 from devkit.paths import minilm_dir
 from model.device import cpu_has_native_bf16, keep_freed_memory
-from service.precision import INT8_ALPHA, INT8_SCHEME
+from service.engine.precision import INT8_ALPHA, INT8_SCHEME
 
 
 def product_rate(kind: str, rows: int, inputs: int, outputs: int, seconds: float = 0.5) -> float:

@@ -25,8 +25,8 @@ import orjson
 
 from devkit.server import start_service
 from bench.serving import count_tokens, drive, sentences
-from service.frontdoor import EncodeOutput
-from service.outputs import encode_result
+from service.frontend.frontdoor import EncodeOutput
+from service.frontend.outputs import encode_result
 from service.settings import DEFAULT_CHECKPOINT
 
 
@@ -42,8 +42,8 @@ def best_ms(function, repeats: int = 20) -> float:
 def in_process(checkpoint: Path, texts: list[str]) -> list[dict]:
     from model import load_checkpoint
     from model.device import pick_device
-    from service.precision import choose
-    from service.runtime import build_engine
+    from service.engine.precision import choose
+    from service.frontend.runtime import build_engine
     from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)

@@ -27,8 +27,8 @@ import torch
 
 from bench.onnx_export import export_onnx, quantize_onnx
 from model.device import cpu_has_native_bf16, keep_freed_memory
-from service.precision import INT8_ALPHA as SERVED_INT8_ALPHA
-from service.precision import INT8_SCHEME as SERVED_INT8_SCHEME
+from service.engine.precision import INT8_ALPHA as SERVED_INT8_ALPHA
+from service.engine.precision import INT8_SCHEME as SERVED_INT8_SCHEME
 from devkit.paths import WIKITEXT_DIR, WIKITEXT_TEST, minilm_dir
 from service.settings import DEFAULT_CHECKPOINT
 
