@@ -21,7 +21,6 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
 
 from bench.serving import drive, sentences
 from devkit.server import start_service

@@ -46,6 +46,8 @@ class Packing:
         return self.key_mask is not None and attends_each_on_cpu(self.batch, self.width, sum(n * n for _, n in self.spans))
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
+        if device.type == "cpu":  # built on the CPU: nothing to move (five no-op copies cost tens of us a batch)
+            return self
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
                        move(self.key_mask), self.batch, self.width, self.spans)

@@ -1,9 +1,9 @@
-"""`python -m service`: flags generated from Settings (each also an environment variable), then uvicorn."""
+"""`python -m service`: flags generated from Settings (each also an environment variable), then one process
+(`--workers 0`) or the engine process and its front ends (`service.supervisor`)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
 import sys
@@ -48,40 +48,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: checkpoint {settings.checkpoint} is not a directory", file=sys.stderr)
         return 2
 
-    import uvicorn
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service.supervisor import Supervisor, auto_workers
+
+    workers = auto_workers(settings.device) if settings.workers == "auto" else settings.workers
+    if workers > 0:
+        return Supervisor(settings, workers).run()
 
     from service.app import create_app
+    from service.frontend.serve import serve_http
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    runtime = app.state.runtime
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            # Health turns 503 and new requests are refused at once; accepted ones finish; then exit 0.
-            # (uvicorn's own handler re-raises the signal after shutdown, which would end us with -15.)
-            runtime.lifecycle.drain()
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            elif settings.drain_seconds > 0:
-                asyncio.get_event_loop().call_later(settings.drain_seconds, setattr, self, "should_exit", True)
-            else:
-                self.should_exit = True
-
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_keep_alive=settings.keep_alive_s,
-                            timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False)
-    server = Server(config)
-    failed: list[Exception] = []
-
-    def stop_on_failure(exc: Exception) -> None:
-        failed.append(exc)
-        server.should_exit = True
-
-    app.state.on_load_failure = stop_on_failure
-    server.run()
-    if failed:
-        print(f"error: {failed[0]}", file=sys.stderr)
+    failure = serve_http(create_app(settings.model_copy(update={"workers": 0})), settings)
+    if failure is not None:
+        print(f"error: {failure}", file=sys.stderr)
         return 1
     return 0
 

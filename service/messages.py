@@ -1,21 +1,28 @@
 """What the HTTP side and the engine say to each other: the only thing the two packages share.
 
-`service.tasks` holds the work items and their results; this module adds the envelopes around them
-and their wire form. Messages are plain dataclasses; on the wire each is a msgpack array led by a
-type tag, and a numpy array is a msgpack extension holding its dtype, shape and raw bytes (no pickle:
-nothing on the wire can name code to run).
+`service.tasks` holds the work items and their results; this module adds the envelopes around them,
+their wire form, and the channel that carries them. Messages are plain dataclasses; on the wire each
+is a msgpack extension holding its type tag and fields, and a numpy array one holding its dtype, shape
+and raw bytes (no pickle: nothing on the wire can name code to run).
 
-    HTTP front end  --Hello, Submit, Cancel-->  engine
-    HTTP front end  <--Status, Done, Failed---  engine
+    HTTP front end  --Hello, Submit, Cancel-->  engine   PUSH -> PULL: [identity, message, message, ...]
+    HTTP front end  <--Status, Done, Failed---  engine   PUB -> SUB:   [topic(identity), message, ...]
+
+Both sides put every message they have at one moment into one ZeroMQ message (a front end its requests
+of one pass of its event loop, the engine the requests one batch finished for that front end): the
+cost of a message is paid per batch, not per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
 import numpy as np
+import zmq
 
 from service.tasks import (
     ClassifyItem,
@@ -139,3 +146,53 @@ def decode(frame: bytes) -> Message:
     if not isinstance(message, (Hello, Submit, Cancel, Status, Done, Failed)):
         raise ValueError("not a message")
     return message
+
+
+def endpoints(directory: str) -> tuple[str, str]:
+    """The engine's two sockets in a private directory: (what front ends send to, what they hear from)."""
+    return f"ipc://{directory}/engine-in", f"ipc://{directory}/engine-out"
+
+
+def topic(identity: bytes) -> bytes:
+    """The PUB topic of one front end. The dot ends it: SUB matches prefixes, and front-end-1 must not
+    hear front-end-10's replies."""
+    return identity + b"."
+
+
+EVERYONE = topic(b"*")  # Status changes go to every front end
+
+
+def new_socket(context: zmq.Context, kind: int) -> zmq.Socket:
+    """A socket as both sides use them: no high-water mark (the admission limit bounds what is in flight, and
+    a full queue must not drop a reply), no lingering at close."""
+    made = context.socket(kind)
+    made.setsockopt(zmq.SNDHWM, 0)
+    made.setsockopt(zmq.RCVHWM, 0)
+    made.setsockopt(zmq.LINGER, 0)
+    return made
+
+
+class Receiver:
+    """Reads a ZeroMQ socket on an asyncio loop without zmq.asyncio's future per message.
+
+    The loop watches the socket's file descriptor; when it signals, every waiting message is read and
+    handed to `on_frames`. ZeroMQ's descriptor signals edges, so it is read until empty each time, and
+    once more whenever `check()` is called (after this process sends on a socket of the same context).
+    """
+
+    def __init__(self, socket: zmq.Socket, on_frames: Callable[[list[bytes]], None],
+                 loop: asyncio.AbstractEventLoop):
+        self.socket = socket
+        self.on_frames = on_frames
+        self.loop = loop
+        self.fd = socket.getsockopt(zmq.FD)
+        loop.add_reader(self.fd, self.drain)
+        loop.call_soon(self.drain)
+
+    def drain(self) -> None:
+        while self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.on_frames(self.socket.recv_multipart(flags=zmq.NOBLOCK))
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+        self.socket.close(linger=0)

@@ -1,8 +1,18 @@
-"""Prometheus metrics, one registry per app (tests build many apps in one process)."""
+"""Prometheus metrics, one registry per app (tests build many apps in one process).
+
+With several processes (`--workers N`), the supervisor sets PROMETHEUS_MULTIPROC_DIR for all of them
+before they import prometheus_client: each process then writes its values to files there, and /metrics
+in any front end sums them over every process (prometheus_client's multiprocess mode), so a scrape
+sees one server whichever front end answers it.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -18,7 +28,8 @@ class Metrics:
                                 ["route", "error_type"], registry=r)
         self.request_seconds = Histogram("bert_request_duration_seconds", "Time from request to response.", ["route"],
                                          buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_depth = Gauge("bert_queue_depth", "Inputs waiting for the device.", registry=r)
+        self.queue_depth = Gauge("bert_queue_depth", "Inputs waiting for the device.", registry=r,
+                                 multiprocess_mode="livesum")  # only the engine sets it
         self.queue_seconds = Histogram("bert_queue_time_seconds", "Time an input waited before its batch ran.",
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.inference_seconds = Histogram("bert_inference_seconds", "Device time of one batch.",
@@ -56,4 +67,8 @@ class Metrics:
         self.flops_padding.inc(batch.padding_flops)
 
     def render(self) -> bytes:
+        if os.environ.get(MULTIPROCESS_DIR):
+            summed = CollectorRegistry()
+            multiprocess.MultiProcessCollector(summed)
+            return generate_latest(summed)
         return generate_latest(self.registry)

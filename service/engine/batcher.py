@@ -5,15 +5,15 @@ Every input of every request is one entry in one queue. Threads serve it:
   of similar length under the token budget, so padding stays small) and collates it while the device
   is busy with the current one: one batch is always ready ahead;
 - one runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) feeds
-  prepared batches to the engine and fans each item's result back to its request's future on the
-  event loop.
+  prepared batches to the engine and records each item's result in its request's `Ticket`; the
+  requests a batch finishes go to their `Sink` together (an event loop in this process, or the engine
+  process's socket back to a front end).
 Entries whose client went away are dropped before compute, entries past their deadline get
 `unavailable`, and a batch that runs out of device memory is split in two and retried.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -60,20 +60,48 @@ class BatchPolicy:
     runner_niceness: int = 0
 
 
+class Sink(Protocol):
+    """Where finished requests go: called from a batcher thread, once per batch, with the requests it finished."""
+
+    def deliver(self, tickets: list[Ticket]) -> None: ...
+
+
 @dataclass
 class Ticket:
-    """Shared by the entries of one request; the caller sets `cancelled` when its client goes away."""
+    """One request: its deadline, whether its client left, and its results as its inputs finish (in input
+    order). It is finished when every input has a result, or at its first error (the rest is then not
+    computed); the batcher hands it to its `sink` then, once."""
 
     deadline: float  # time.monotonic() by which the entries must reach the device
-    cancelled: bool = False
+    size: int  # how many inputs
+    sink: Sink
+    tag: Any = None  # the sink's own reference to the request (a future, a request id)
+    cancelled: bool = False  # set by the caller when its client goes away
+    error: ServiceError | None = None
+    results: list = field(init=False)
+    missing: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.size
+        self.missing = self.size
+
+    def record(self, index: int, result, error: ServiceError | None) -> bool:
+        """One input's outcome; True when it finished the request."""
+        if self.missing == 0:
+            return False  # finished already (by an earlier error)
+        if error is not None:
+            self.error, self.missing, self.cancelled = error, 0, True
+            return True
+        self.results[index] = result
+        self.missing -= 1
+        return self.missing == 0
 
 
 @dataclass
 class Entry:
     item: Any  # anything with len() = its tokens
     ticket: Ticket
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
+    index: int  # the input's place in its request
     enqueued_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -126,15 +154,6 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops) -> l
     return by_length[lo:hi]
 
 
-def _resolve(future: asyncio.Future, value=None, error: BaseException | None = None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(value)
-
-
 class Batcher:
     def __init__(self, engine: BatchEngine, policy: BatchPolicy, metrics: Metrics):
         self.engine = engine
@@ -147,6 +166,7 @@ class Batcher:
         self._stopping = False
         self._packer_finished = False  # set by the packer once stopping and the queue is empty
         self._threads: list[threading.Thread] = []
+        self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
 
     # ---- life cycle ----------------------------------------------------------------------------
@@ -176,10 +196,10 @@ class Batcher:
     def queue_depth(self) -> int:
         return len(self._queue)
 
-    # ---- submission (event loop) ---------------------------------------------------------------
+    # ---- submission (any thread) ----------------------------------------------------------------
 
-    def submit(self, items: list, ticket: Ticket) -> list[asyncio.Future]:
-        loop = asyncio.get_running_loop()
+    def submit(self, items: list, ticket: Ticket) -> None:
+        """Queue a request's items; its ticket reaches its sink when all are computed (or one fails)."""
         with self._cond:
             if self._stopping:
                 raise ServiceError("unavailable", "the server is shutting down")
@@ -187,11 +207,9 @@ class Batcher:
                 wait = self._recent_batch_s * max(1, len(self._queue) / max(1, self.policy.max_batch_size))
                 raise ServiceError("overloaded", f"the queue is full ({len(self._queue)} inputs waiting); retry later",
                                    retry_after_s=wait)
-            entries = [Entry(item, ticket, loop.create_future(), loop) for item in items]
-            self._queue.extend(entries)
+            self._queue.extend(Entry(item, ticket, index) for index, item in enumerate(items))
             self.metrics.queue_depth.set(len(self._queue))
             self._cond.notify_all()
-        return [e.future for e in entries]
 
     # ---- packing (packer thread) ---------------------------------------------------------------
 
@@ -321,12 +339,22 @@ class Batcher:
         elapsed = time.perf_counter() - started
         self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
         self.metrics.observe_batch(elapsed, batch)
-        for entry, result in zip(entries, results):
-            entry.loop.call_soon_threadsafe(_resolve, entry.future, result)
+        self._hand_back(entries, results)
 
     def _fail(self, entries: list[Entry], error: ServiceError) -> None:
-        for entry in entries:
-            entry.loop.call_soon_threadsafe(_resolve, entry.future, None, error)
+        self._hand_back(entries, [None] * len(entries), error)
+
+    def _hand_back(self, entries: list[Entry], values: list, error: ServiceError | None = None) -> None:
+        """Record each entry's outcome in its request; hand the requests this finished to their sinks, one call
+        per sink (one wake-up of an event loop, one message to a front end) rather than one per input."""
+        finished: dict[int, tuple[Sink, list[Ticket]]] = {}
+        with self._results_lock:
+            for entry, value in zip(entries, values):
+                if entry.ticket.record(entry.index, value, error):
+                    sink = entry.ticket.sink
+                    finished.setdefault(id(sink), (sink, []))[1].append(entry.ticket)
+        for sink, tickets in finished.values():
+            sink.deliver(tickets)
 
     def _drop(self, entry: Entry, reason: str, error: ServiceError) -> None:
         """Answer an entry that will not be computed, and count why."""
@@ -334,4 +362,4 @@ class Batcher:
         self._fail([entry], error)
 
 
-__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "Ticket", "choose_batch"]
+__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "Sink", "Ticket", "choose_batch"]

@@ -1,7 +1,7 @@
 """The engine in the HTTP process itself (`--workers 0`, and the tests): items go straight into the batcher.
 
-The engine process (`service.engine.server`) puts the same two steps behind its socket, so both
-arrangements queue, cancel and fail requests the same way.
+The engine process (`service.engine.server`) queues into the same batcher with a sink of its own (its
+socket back to the front ends), so both arrangements queue, cancel and fail requests the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from service.engine.batcher import Batcher, Ticket
 from service.engine.loader import LoadedEngine, load_engine
-from service.errors import ServiceError
 from service.messages import ModelFacts
 from service.metrics import Metrics
 from service.settings import Settings
@@ -27,17 +26,32 @@ class LocalPending:
         self.ticket.cancelled = True  # the batcher drops the request's entries that have not run
 
 
-def submit(batcher: Batcher, items: list[Item], deadline: float) -> LocalPending:
+class LoopSink:
+    """Hands finished requests to the event loop that waits for them: one wake-up per batch."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+
+    def deliver(self, tickets: list[Ticket]) -> None:
+        self.loop.call_soon_threadsafe(_settle, tickets)
+
+
+def _settle(tickets: list[Ticket]) -> None:
+    for ticket in tickets:
+        future: asyncio.Future = ticket.tag
+        if future.done():  # cancelled: its client left
+            continue
+        if ticket.error is not None:
+            future.set_exception(ticket.error)
+        else:
+            future.set_result(ticket.results)
+
+
+def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float) -> LocalPending:
     """Queue a request's items; when one of them fails, the rest of the request is not computed."""
-    ticket = Ticket(deadline=deadline)
-    result = asyncio.gather(*batcher.submit(items, ticket))
-
-    def cancel_rest(done: asyncio.Future) -> None:
-        if not done.cancelled() and isinstance(done.exception(), ServiceError):
-            ticket.cancelled = True
-
-    result.add_done_callback(cancel_rest)
-    return LocalPending(result, ticket)
+    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future())
+    batcher.submit(items, ticket)
+    return LocalPending(ticket.tag, ticket)
 
 
 class LocalLink:
@@ -52,10 +66,11 @@ class LocalLink:
 
     async def start(self) -> ModelFacts:
         self.loaded = await asyncio.to_thread(load_engine, self.settings, self.metrics, self.engine_factory)
+        self.sink = LoopSink(asyncio.get_running_loop())
         return self.loaded.facts
 
     def submit(self, items: list[Item], deadline: float) -> LocalPending:
-        return submit(self.loaded.batcher, items, deadline)
+        return submit(self.loaded.batcher, self.sink, items, deadline)
 
     def failure(self) -> str | None:
         if self.loaded is not None and not self.loaded.batcher.workers_alive:

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service.frontend.fast_routes import FastRoutes
 from service.frontend.guards import Admission, BodyLimit, InFlight, RequestMetrics
 from service.frontend.http_errors import install_error_handlers
 from service.frontend.pages import mount_assets, pages, playground_page
@@ -30,9 +31,10 @@ Errors on our routes have the body `{"error": "...", "error_type": "..."}`; the 
 their API's own shape. A playground for people is at `/`."""
 
 
-def create_http_app(runtime: Runtime, admission=None) -> FastAPI:
+def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) -> FastAPI:
     """The HTTP side of the service over `runtime`; `admission` counts the requests in flight (default: this
-    process's own count; `service.frontend.admission.SharedInFlight` counts those of every front end)."""
+    process's own count; `service.frontend.admission.SharedInFlight` counts those of every front end).
+    `fast_routes=False` leaves the computing routes to FastAPI too (tests compare the two)."""
     settings = runtime.settings
 
     @asynccontextmanager
@@ -78,9 +80,13 @@ def create_http_app(runtime: Runtime, admission=None) -> FastAPI:
     app.include_router(pages)
     app.include_router(playground_page)
     mount_assets(app)
-    install_error_handlers(app, on_error=lambda kind, request: runtime.metrics.failures.labels(
-        route_label(request.url.path), kind).inc())
+    def count_failure(kind: str, request) -> None:
+        runtime.metrics.failures.labels(route_label(request.url.path), kind).inc()
+
+    install_error_handlers(app, on_error=count_failure)
     metrics = runtime.metrics
+    if fast_routes:
+        app.add_middleware(FastRoutes, routes=routes, on_error=count_failure)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
                        route_label=route_label)
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,

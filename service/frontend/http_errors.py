@@ -16,6 +16,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -83,7 +84,7 @@ def error_response(kind: str, message: str, path: str = "", retry_after_s: float
     return json_response(body, status_code=status, headers=headers or None)
 
 
-def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+def _describe_validation(exc: RequestValidationError | ValidationError) -> tuple[str, str | None]:
     """A message naming the fields at fault, and the first such field."""
     problems, first = [], None
     for error in exc.errors()[:5]:
@@ -97,23 +98,33 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(problems) + (f" (and {more} more)" if more > 0 else ""), first
 
 
+def respond(request: Request, kind: str, message: str, retry_after_s: float | None = None,
+            headers: dict[str, str] | None = None, param: str | None = None, on_error=None) -> Response:
+    if on_error is not None:
+        on_error(kind, request)
+    return error_response(kind, message, request.url.path, retry_after_s, headers, param)
+
+
+def answer_exception(request: Request, exc: Exception, on_error=None) -> Response:
+    """The response to an exception raised while answering `request`: a ServiceError as its kind says, a body
+    that failed validation (anything with pydantic's `errors()`) as 422, anything else as 500."""
+    if isinstance(exc, ServiceError):
+        return respond(request, exc.kind, exc.message, exc.retry_after_s, param=exc.param, on_error=on_error)
+    if isinstance(exc, (RequestValidationError, ValidationError)):
+        message, param = _describe_validation(exc)
+        return respond(request, "validation", message, param=param, on_error=on_error)
+    log.error("internal error on %s", request.url.path, exc_info=exc)
+    return respond(request, "internal", "internal error; the server log has the details", on_error=on_error)
+
+
 def install_error_handlers(app: FastAPI, on_error=None) -> None:
     """`on_error(kind, request)` is called for every error response (metrics)."""
 
-    def respond(request: Request, kind: str, message: str, retry_after_s: float | None = None,
-                headers: dict[str, str] | None = None, param: str | None = None) -> Response:
-        if on_error is not None:
-            on_error(kind, request)
-        return error_response(kind, message, request.url.path, retry_after_s, headers, param)
-
     @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError):
-        return respond(request, exc.kind, exc.message, exc.retry_after_s, param=exc.param)
-
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        message, param = _describe_validation(exc)
-        return respond(request, "validation", message, param=param)
+    @app.exception_handler(Exception)
+    async def _answer(request: Request, exc: Exception):
+        return answer_exception(request, exc, on_error)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -126,9 +137,6 @@ def install_error_handlers(app: FastAPI, on_error=None) -> None:
         documented = app.openapi()["paths"].get(request.url.path) if exc.status_code == 405 else None
         if documented:
             headers["Allow"] = ", ".join(sorted(method.upper() for method in documented))
-        return respond(request, kind, message.get(exc.status_code, str(exc.detail)), headers=headers or None)
+        return respond(request, kind, message.get(exc.status_code, str(exc.detail)), headers=headers or None,
+                       on_error=on_error)
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):
-        log.exception("internal error on %s", request.url.path)
-        return respond(request, "internal", "internal error; the server log has the details")

@@ -47,8 +47,17 @@ def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
             if len(part) > limits.max_input_chars:
                 raise ServiceError("validation", f"{field}[{index}] has {len(part)} characters; the limit is "
                                                  f"{limits.max_input_chars}", param=field)
-            if any(0xD800 <= ord(c) <= 0xDFFF for c in part):
+            if not part.isascii() and _has_lone_surrogate(part):
                 raise ServiceError("validation", f"{field}[{index}] contains a lone surrogate (not valid Unicode)", param=field)
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    """A lone surrogate is the one thing a str can hold that UTF-8 cannot (checked in C, not per character)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -183,7 +192,7 @@ def tokenize_texts(tokenizer: WordPieceTokenizer, inputs, add_special_tokens: bo
     texts = [prompt + text for text in texts]
     template = {tokenizer.cls_id, tokenizer.sep_id}
     out = []
-    for text, e in zip(texts, tokenizer.encode_batch(texts)):
+    for text, e in zip(texts, tokenizer.encode_batch(texts, offsets=True)):
         pieces = []
         for token_id, token, (start, stop) in zip(e.ids, e.tokens, e.offsets):
             if token_id in template and start == stop:  # added by the template, not in the text

@@ -3,7 +3,6 @@ selection is a pure function of the queue, the policy and the FLOP model."""
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 from pathlib import Path
 
@@ -17,10 +16,9 @@ class Queue:
     """A queue of entries of given lengths; `_select()` takes the next batch out of it, as the packer does."""
 
     def __init__(self, policy: BatchPolicy, lengths: list[int]):
-        loop = asyncio.new_event_loop()
-        ticket = Ticket(deadline=1e18)
+        ticket = Ticket(deadline=1e18, size=len(lengths), sink=None)
         self.policy = policy
-        self._queue = [Entry([1] * n, ticket, loop.create_future(), loop) for n in lengths]
+        self._queue = [Entry([1] * n, ticket, index) for index, n in enumerate(lengths)]
         self.flops = partial(packed_batch_flops, tiny_config(300))  # prices padding as the engine does
 
     def _select(self) -> list[Entry]:

@@ -1,0 +1,177 @@
+"""The engine process (`--workers N`): the one owner of the device, the model and the batcher.
+
+Front ends PUSH `service.messages` (Hello, Submit, Cancel) to its PULL socket and hear back on their
+own topic of its PUB socket (Status, Done, Failed). A Submit goes into the batcher exactly as in the
+one-process server; when a batch finishes requests, the runner thread that ran it sends them to each
+front end as one message (`Replies`). No event loop: this process's main thread only reads the socket
+and queues, so it takes little of the GIL from the threads that feed the device.
+
+Loading runs in a thread while the socket already answers Hello with the loading Status, so the front
+ends can say what is happening on /health. Started by `service.supervisor` (`python -m
+service.engine.server`, launch record on standard input). SIGTERM finishes what is queued, answers it,
+and exits 0; a model that fails to load exits 1 after telling the front ends why.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+
+import zmq
+
+from service.engine.batcher import Ticket
+from service.engine.loader import LoadedEngine, load_engine
+from service.errors import ServiceError
+from service.launch import die_with_parent, read_launch_record
+from service.messages import (
+    EVERYONE,
+    Cancel,
+    Done,
+    Failed,
+    Hello,
+    Status,
+    Submit,
+    decode,
+    encode,
+    endpoints,
+    new_socket,
+    topic,
+)
+from service.metrics import Metrics
+from service.settings import Settings
+
+log = logging.getLogger("service")
+FLUSH_S = 0.5  # after a failed load: time for the front ends to read why before the process goes
+POLL_MS = 100  # how often the main thread looks up from the socket (SIGTERM, a failed load)
+
+
+class Replies:
+    """The batcher's sink in the engine process: finished requests back to their front ends, one message
+    per front end and batch. Called from runner threads; the PUB socket is shared under a lock."""
+
+    def __init__(self, socket: zmq.Socket, requests: dict):
+        self.socket = socket
+        self.requests = requests  # (identity, request id) -> Ticket, for Cancel
+        self.lock = threading.Lock()
+
+    def deliver(self, tickets: list[Ticket]) -> None:
+        by_front_end: dict[bytes, list[bytes]] = {}
+        for ticket in tickets:
+            identity, request_id = ticket.tag
+            if self.requests.pop(ticket.tag, None) is None:
+                continue  # cancelled: its client left
+            error = ticket.error
+            reply = Done(request_id, ticket.results) if error is None else \
+                Failed(request_id, error.kind, error.message, error.retry_after_s)
+            by_front_end.setdefault(identity, []).append(encode(reply))
+        for identity, frames in by_front_end.items():
+            self.send(topic(identity), frames)
+
+    def send(self, to: bytes, frames: list[bytes]) -> None:
+        with self.lock:
+            self.socket.send_multipart([to, *frames])
+
+
+class EngineServer:
+    def __init__(self, settings: Settings, directory: str):
+        self.settings = settings
+        self.context = zmq.Context()
+        inbox_address, outbox_address = endpoints(directory)
+        self.inbox = new_socket(self.context, zmq.PULL)
+        self.inbox.bind(inbox_address)
+        outbox = new_socket(self.context, zmq.PUB)
+        outbox.setsockopt(zmq.LINGER, 1000)  # replies already sent go out before the process does
+        outbox.bind(outbox_address)
+        self.requests: dict[tuple[bytes, int], Ticket] = {}
+        self.replies = Replies(outbox, self.requests)
+        self.metrics = Metrics()
+        self.status = Status("loading", "loading the model")
+        self.loaded: LoadedEngine | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
+        threading.Thread(target=self._load, name="bert-loader", daemon=True).start()
+        try:
+            while not self.stopping.is_set() and self.status.state != "failed":
+                if self.inbox.poll(POLL_MS):
+                    self._read()
+            if self.status.state == "failed":
+                time.sleep(FLUSH_S)
+                return 1
+            self._set_status(Status("draining", "shutting down"))
+            if self.loaded is not None:
+                self.loaded.batcher.stop()  # computes what is queued; its replies go out as it does
+            return 0
+        finally:
+            self.inbox.close()
+            self.replies.socket.close()
+            self.context.term()
+
+    def _load(self) -> None:
+        try:
+            self.loaded = load_engine(self.settings, self.metrics)
+        except Exception as exc:  # noqa: BLE001 - reported to the front ends and the log; the process exits 1
+            log.error("cannot serve: %s", exc)
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            self._set_status(Status("failed", str(exc)))
+            return
+        self._set_status(Status("ready", facts=self.loaded.facts))
+
+    def _set_status(self, status: Status) -> None:
+        self.status = status
+        self.replies.send(EVERYONE, [encode(status)])
+
+    def _read(self) -> None:
+        while True:
+            try:
+                identity, *frames = self.inbox.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            for frame in frames:
+                try:
+                    message = decode(frame)
+                except (ValueError, TypeError) as exc:  # a bug, not a client: front ends send typed messages
+                    log.error("undecodable message from %r: %s", identity, exc)
+                    continue
+                if isinstance(message, Submit):
+                    self._submit(identity, message)
+                elif isinstance(message, Cancel):
+                    ticket = self.requests.pop((identity, message.request_id), None)
+                    if ticket is not None:
+                        ticket.cancelled = True  # the batcher drops its entries that have not run
+                elif isinstance(message, Hello):
+                    self.replies.send(topic(identity), [encode(self.status)])
+
+    def _submit(self, identity: bytes, message: Submit) -> None:
+        if self.loaded is None or self.status.state != "ready":
+            reason = {"loading": "the model is still loading", "draining": "the server is shutting down"}
+            self._refuse(identity, message.request_id, ServiceError(
+                "unavailable", reason.get(self.status.state, "the engine is not ready"), retry_after_s=1))
+            return
+        key = (identity, message.request_id)
+        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key)
+        self.requests[key] = ticket
+        try:
+            self.loaded.batcher.submit(message.items, ticket)
+        except ServiceError as exc:  # the queue is full, or the batcher is stopping
+            self.requests.pop(key, None)
+            self._refuse(identity, message.request_id, exc)
+
+    def _refuse(self, identity: bytes, request_id: int, error: ServiceError) -> None:
+        self.replies.send(topic(identity), [encode(Failed(request_id, error.kind, error.message, error.retry_after_s))])
+
+
+def main() -> int:
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
+    settings, record = read_launch_record()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s engine: %(message)s")
+    return EngineServer(settings, record["directory"]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The computing routes (every POST of the API) answered without FastAPI's per-request machinery.
+
+FastAPI spends more CPU per request than everything else a front end does for a one-sentence /embed
+(route matching over every route, dependency solving, body parsing in Python; measured with cProfile
+on the in-process app: over half of the front end's time), and on a GPU host that CPU is what bounds
+the requests per second. This middleware reads the same table FastAPI built (the same endpoint
+functions, body models, dependencies and error answers) and calls the endpoint directly: a dict
+lookup for the route, pydantic-core's `validate_json` for the body, the dependencies (all of the form
+`async def dep(request)`) awaited in order. FastAPI still documents every route (/docs, /openapi.json)
+and serves everything else (pages, GET routes, 404s and 405s).
+
+`tests/service/test_fast_routes.py` checks that both paths answer every request alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
+
+from fastapi.params import Depends
+from fastapi.routing import APIRoute
+from pydantic import TypeAdapter
+from starlette.requests import Request
+
+from service.frontend.http_errors import answer_exception
+
+
+@dataclass
+class _Endpoint:
+    call: Any  # the route's async function
+    checks: tuple  # route-level dependencies: awaited first, their results unused (the API key)
+    arguments: tuple  # (name, how): how is "request", "body" or an async dependency of the request
+    body: TypeAdapter | None
+
+    async def __call__(self, request: Request):
+        for check in self.checks:
+            await check(request)
+        values = {}
+        for name, how in self.arguments:
+            if how == "request":
+                values[name] = request
+            elif how == "body":
+                values[name] = self.body.validate_json(await request.body())
+            else:
+                values[name] = await how(request)
+        return await self.call(**values)
+
+
+def _endpoint(route: APIRoute) -> _Endpoint | None:
+    """How to call `route` directly, or None when it uses something this does not do (FastAPI answers it)."""
+    hints = get_type_hints(route.endpoint, include_extras=True)
+    arguments, body = [], None
+    for name, parameter in inspect.signature(route.endpoint).parameters.items():
+        hint = hints.get(name)
+        depends = [m for m in get_args(hint)[1:] if isinstance(m, Depends)] if get_origin(hint) is Annotated else []
+        if hint is Request:
+            arguments.append((name, "request"))
+        elif depends and inspect.iscoroutinefunction(depends[0].dependency):
+            arguments.append((name, depends[0].dependency))
+        elif body is None and not depends and parameter.kind is parameter.POSITIONAL_OR_KEYWORD:
+            arguments.append((name, "body"))
+            body = TypeAdapter(hint)
+        else:
+            return None
+    checks = tuple(d.dependency for d in route.dependencies)
+    if not all(inspect.iscoroutinefunction(check) for check in checks):
+        return None
+    return _Endpoint(route.endpoint, checks, tuple(arguments), body)
+
+
+class FastRoutes:
+    def __init__(self, app, routes: list, on_error=None):
+        """`routes`: the API routers' routes (paths with their routers' prefixes, dependencies included)."""
+        self.app = app
+        self.on_error = on_error
+        self.table: dict[str, _Endpoint] = {}
+        for route in routes:
+            if isinstance(route, APIRoute) and route.methods == {"POST"} and "{" not in route.path:
+                endpoint = _endpoint(route)
+                if endpoint is not None:
+                    self.table[route.path] = endpoint
+
+    async def __call__(self, scope, receive, send):
+        endpoint = self.table.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if endpoint is None:
+            return await self.app(scope, receive, send)
+        request = Request(scope, receive)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:  # noqa: BLE001 - answered exactly as FastAPI's handlers answer it
+            response = answer_exception(request, exc, self.on_error)
+        await response(scope, receive, send)

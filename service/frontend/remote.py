@@ -1,0 +1,183 @@
+"""`EngineLink` to the engine process: ZeroMQ sockets carrying `service.messages`.
+
+Each request is one Submit with an id of this front end; its Done or Failed resolves the future the
+front door awaits. The Submits of one pass of the event loop leave as one message, and the engine
+answers each finished batch with one message per front end. The link also watches the engine's process: the moment it ends, every request in
+flight fails with 503 (no client waits out its deadline on a dead engine) and `failure()` turns
+/live to 503, so the orchestrator restarts the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from dataclasses import dataclass
+
+import zmq
+
+from service.errors import ServiceError
+from service.messages import (
+    EVERYONE,
+    Cancel,
+    Done,
+    Failed,
+    Hello,
+    ModelFacts,
+    Receiver,
+    Status,
+    Submit,
+    decode,
+    encode,
+    endpoints,
+    new_socket,
+    topic,
+)
+from service.tasks import Item
+
+log = logging.getLogger("service")
+ENGINE_STOPPED = "the engine process stopped"
+PROCESS_POLL_S = 0.2  # where pidfd is not available
+HELLO_EVERY_S = 0.1  # until the engine answers: a SUB socket hears nothing sent before it has subscribed
+
+
+@dataclass
+class RemotePending:
+    result: asyncio.Future
+    request_id: int
+    link: RemoteLink
+
+    def cancel(self) -> None:
+        if self.link.pending.pop(self.request_id, None) is not None:
+            self.link.send(Cancel(self.request_id))
+
+
+class RemoteLink:
+    def __init__(self, directory: str, identity: str, engine_pid: int | None = None):
+        self.directory = directory
+        self.identity = identity.encode()
+        self.engine_pid = engine_pid
+        self.detail = "waiting for the engine process"
+        self.pending: dict[int, RemotePending] = {}
+        self._ids = itertools.count()
+        self._failure: str | None = None
+        self._status: asyncio.Future | None = None  # the first ready/failed Status
+        self._outgoing: list[bytes] = []  # messages of this pass of the event loop, sent together
+
+    async def start(self) -> ModelFacts:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        inbox_address, outbox_address = endpoints(self.directory)
+        self._context = zmq.Context()
+        self._push = new_socket(self._context, zmq.PUSH)
+        self._push.connect(inbox_address)
+        replies = new_socket(self._context, zmq.SUB)
+        replies.setsockopt(zmq.SUBSCRIBE, topic(self.identity))
+        replies.setsockopt(zmq.SUBSCRIBE, EVERYONE)
+        replies.connect(outbox_address)
+        self._status = loop.create_future()
+        self._receiver = Receiver(replies, self._receive, loop)
+        if self.engine_pid is not None:
+            self._watch_engine(loop)
+        while not self._status.done():
+            self.send(Hello(worker=os.getpid()))
+            await asyncio.wait([self._status], timeout=HELLO_EVERY_S)
+        status: Status = self._status.result()
+        if status.state != "ready":
+            raise RuntimeError(status.detail or f"the engine is {status.state}")
+        return status.facts
+
+    def submit(self, items: list[Item], deadline: float) -> RemotePending:
+        if self._failure is not None:
+            raise ServiceError("unavailable", self._failure)
+        request_id = next(self._ids)
+        pending = RemotePending(asyncio.get_running_loop().create_future(), request_id, self)
+        self.pending[request_id] = pending
+        self.send(Submit(request_id, items, deadline))
+        return pending
+
+    def send(self, message) -> None:
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(encode(message))
+
+    def _flush(self) -> None:
+        frames, self._outgoing = self._outgoing, []
+        self._push.send_multipart([self.identity, *frames], flags=zmq.NOBLOCK)
+        self._receiver.drain()  # a send can swallow the edge that says replies are waiting
+
+    def failure(self) -> str | None:
+        return self._failure
+
+    async def stop(self) -> None:
+        """The engine is the supervisor's to stop; the front end only lets go of it."""
+        if self._status is not None:
+            self._receiver.close()
+            self._push.close(linger=0)
+            self._context.term()
+
+    # ---- what the engine says -------------------------------------------------------------------
+
+    def _receive(self, frames: list[bytes]) -> None:
+        for frame in frames[1:]:  # frames[0] is the topic
+            message = decode(frame)
+            if isinstance(message, Done):
+                self._settle(message.request_id, message.results, None)
+            elif isinstance(message, Failed):
+                self._settle(message.request_id, None,
+                             ServiceError(message.kind, message.message, retry_after_s=message.retry_after_s))
+            elif isinstance(message, Status):
+                self._on_status(message)
+
+    def _settle(self, request_id: int, results, error: ServiceError | None) -> None:
+        pending = self.pending.pop(request_id, None)
+        if pending is None or pending.result.done():  # cancelled: its client left
+            return
+        if error is not None:
+            pending.result.set_exception(error)
+        else:
+            pending.result.set_result(results)
+
+    def _on_status(self, status: Status) -> None:
+        self.detail = status.detail
+        if status.state == "failed":
+            self._failure = f"the model failed to load: {status.detail}"
+        if status.state in ("ready", "failed") and not self._status.done():
+            self._status.set_result(status)
+
+    # ---- the engine's process -------------------------------------------------------------------
+
+    def _watch_engine(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            handle = os.pidfd_open(self.engine_pid)
+        except (AttributeError, OSError):  # no pidfd (old kernel, other OS): poll
+            loop.create_task(self._poll_engine())
+            return
+        loop.add_reader(handle, self._engine_stopped, loop, handle)
+
+    async def _poll_engine(self) -> None:
+        while _running(self.engine_pid):
+            await asyncio.sleep(PROCESS_POLL_S)
+        self._engine_stopped()
+
+    def _engine_stopped(self, loop: asyncio.AbstractEventLoop | None = None, handle: int | None = None) -> None:
+        if handle is not None:
+            loop.remove_reader(handle)
+            os.close(handle)
+        if self._failure is None:
+            self._failure = ENGINE_STOPPED
+            log.error("%s: failing %d requests in flight", ENGINE_STOPPED, len(self.pending))
+        for request_id in list(self.pending):
+            self._settle(request_id, None, ServiceError("unavailable", ENGINE_STOPPED, retry_after_s=5))
+        if self._status is not None and not self._status.done():
+            self._status.set_result(Status("failed", self._failure))
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie, ended but not yet reaped, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

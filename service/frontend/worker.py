@@ -1,0 +1,35 @@
+"""One HTTP front-end process (`--workers N`): the HTTP app over `RemoteLink`, on the listening socket
+the supervisor made, its admission count in the shared slots.
+
+Started by `service.supervisor` (`python -m service.frontend.worker`, launch record on standard input:
+the settings, the directory of the engine's sockets and its pid, the socket's file descriptor, this front end's slot).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from service.frontend.admission import SharedInFlight
+from service.frontend.app import create_http_app
+from service.frontend.remote import RemoteLink
+from service.frontend.runtime import Runtime
+from service.frontend.serve import serve_http
+from service.launch import die_with_parent, read_launch_record
+
+
+def main() -> int:
+    die_with_parent()
+    settings, record = read_launch_record()
+    slot = record["slot"]
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s front-end-{slot}: %(message)s")
+    link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"])
+    app = create_http_app(Runtime(settings, link), SharedInFlight(Path(record["in_flight"]), slot))
+    failure = serve_http(app, settings, fd=record["fd"])
+    return 1 if failure is not None else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
