@@ -24,7 +24,9 @@ import transformers
 from model.config import BertConfig
 from trainer.data import prepare
 from trainer.examples import TrainingPairs
-from trainer.loop import autocast_dtype, build_optimizer, lr_factor, run_progress, training_batch
+from trainer.loop import training_batch
+from trainer.optimizer import build_optimizer, lr_factor, run_progress
+from trainer.placement import autocast_dtype
 from trainer.masking import replaceable_ids
 from trainer.options import TrainOptions
 from trainer.state import Progress
