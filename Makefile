@@ -78,7 +78,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m bench.serving $(ARGS)
 
 bench-train: $(DEV_STAMP)
-	$(BIN)/python -m bench.training $(ARGS)
+	$(BIN)/python -m bench.training.speed $(ARGS)
 
 # The benchmark report (BENCHMARKS.md's tables and docs/bench-*.png): about 20 minutes on 2 cores; run it on a
 # quiet machine. Infinity, the peer, goes into its own environment (requirements/peers.txt).
@@ -137,7 +137,7 @@ train-mini-scratch: $(SERVE_STAMP)
 
 # The embedding-preservation trade-off (BENCHMARKS.md): the same warm start at several weights, equal steps.
 retention-curve: $(DEV_STAMP)
-	$(BIN)/python -m bench.retention_curve --work $(RUNS)/retention-curve $(ARGS)
+	$(BIN)/python -m bench.quality.retention_curve --work $(RUNS)/retention-curve $(ARGS)
 
 # The GPU path in one command (bench/gpu.py): on a CUDA machine, offline, under 10 minutes. Fetch its wheels first,
 # on a machine with a network, for the GPU machine's Python (GPU_PYTHON=3.12 ...): under 64 MiB in .whl/gpu.

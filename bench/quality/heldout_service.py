@@ -8,7 +8,7 @@ round trip, batching) shows. The trainer scores next-sentence on the pairs with 
 compared with is the same pairs unmasked (`nsp_accuracy_unmasked`). On WikiText the two still differ: its
 `<unk>` placeholders are `[UNK]` in the trainer's ids and vanish from the decoded text (BENCHMARKS.md).
 
-    python -m bench.heldout_service checkpoints/minilm-wikipedia
+    python -m bench.quality.heldout_service checkpoints/minilm-wikipedia
 """
 
 from __future__ import annotations
