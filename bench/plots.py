@@ -68,8 +68,6 @@ def latency(report: dict, path: Path) -> None:
     axes.axvline(data["capacity_rps"], color="gray", linestyle="-.", linewidth=1)
     axes.annotate("closed-loop capacity", (data["capacity_rps"], axes.get_ylim()[0]), fontsize=7, rotation=90,
                   va="bottom", ha="right", color="gray")
-    from bench.report import onset_of_429s
-
     onset = onset_of_429s(steps)
     if onset:
         axes.axvline(onset, color="#dc2626", linewidth=1)
@@ -123,3 +121,15 @@ def draw_all(report: dict, folder: Path) -> list[Path]:
         draw(report, path)
         made.append(path)
     return made
+
+
+def onset_of_429s(steps: list[dict], share: float = 0.01) -> float | None:
+    """The lowest offered load from which on every step refused at least `share` with 429 (a lone Poisson
+    burst below it can fill a short queue for a moment; that is not where overload begins)."""
+    onset = None
+    for step in sorted(steps, key=lambda s: s["offered_rps"]):
+        if step["refused_429"] >= share:
+            onset = onset or step["offered_rps"]
+        else:
+            onset = None
+    return onset

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from bench import plots
+from bench.plots import onset_of_429s
 from bench.serving import count_tokens, measure_http, measure_limit, sentences, server_command
 from devkit.paths import REPO_ROOT, minilm_dir
 from devkit.server import free_port, start
@@ -175,18 +176,6 @@ def latency_vs_load(checkpoint: Path, texts, counts, plan: Plan, dtype: str) -> 
         steps = [{"fraction": f, **asyncio.run(open_loop_step(url, texts, capacity * f, plan.open_loop_seconds, k))}
                  for k, f in enumerate(plan.load_fractions)]
     return {"precision": dtype, "capacity_rps": capacity, "max_queue_items": plan.max_queue_items, "steps": steps}
-
-
-def onset_of_429s(steps: list[dict], share: float = 0.01) -> float | None:
-    """The lowest offered load from which on every step refused at least `share` with 429 (a lone Poisson
-    burst below it can fill a short queue for a moment; that is not where overload begins)."""
-    onset = None
-    for step in sorted(steps, key=lambda s: s["offered_rps"]):
-        if step["refused_429"] >= share:
-            onset = onset or step["offered_rps"]
-        else:
-            onset = None
-    return onset
 
 
 def precision_tradeoff(checkpoint: Path, plan: Plan) -> list[dict]:

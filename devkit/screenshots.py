@@ -1,4 +1,4 @@
-"""Screenshots of the playground (after a fill-mask request) and of /docs, rendered offline, for the README:
+"""Screenshots of the playground (after a fill-mask request) and of /docs, rendered offline, for docs/api.md:
 
     .venv/bin/python -m devkit.screenshots            # writes docs/playground.png and docs/api-docs.png
 """

@@ -1,6 +1,6 @@
 """Every service setting in one object. Each field reads `BERT_<NAME>` from the environment, is a
 `--kebab-case` flag of `python -m service`, and its description (shown by --help, /info and the
-README table) states the trade-off."""
+table in docs/configuration.md) states the trade-off."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field("auto", description=(
         "Number format. auto = float32 on CPU (exact), bfloat16 on GPUs that support it, else float16. On CPU, "
         "bfloat16 (CPUs with AVX512-BF16 or AMX) and int8 (encoder Linear layers, per-token scales and "
-        "SmoothQuant calibrated at start-up; CPU only) trade a little fidelity for speed: see the README's "
-        "'Choosing a precision on CPU'."))
+        "SmoothQuant calibrated at start-up; CPU only) trade a little fidelity for speed: see "
+        "docs/precision.md."))
     max_batch_tokens: int = Field(16384, ge=16, description=(
         "Token budget of one forward pass, counting padding. Larger batches raise throughput until the device "
         "saturates, and raise the latency of every item in them."))
@@ -142,7 +142,7 @@ class Settings(BaseSettings):
 
 
 def settings_table() -> str:
-    """The README's configuration table, generated so that it cannot drift from the code."""
+    """The settings table of docs/configuration.md, generated so that it cannot drift from the code."""
     rows = ["| setting (flag) | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
     for name, field in Settings.model_fields.items():
         default = field.default

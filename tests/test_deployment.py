@@ -1,6 +1,6 @@
 """What can be checked of the deployment without a Docker engine: the compose files' services (with
 `docker compose config` where the compose plugin is installed, else the YAML), the Dockerfile's essentials,
-the locks, the load balancer's retry rules, the entrypoint, and that the README's settings table matches the
+the locks, the load balancer's retry rules, the entrypoint, and that docs/configuration.md's settings table matches the
 code. `make test-docker` (devkit/docker_check.py) runs all of it against a real engine."""
 
 from __future__ import annotations
@@ -152,5 +152,5 @@ def test_entrypoint_health_follows_bert_port(tiny_checkpoint):
         process.wait()
 
 
-def test_readme_settings_table_matches_the_code():
-    assert settings_table() in (REPO_ROOT / "README.md").read_text()
+def test_the_documented_settings_table_matches_the_code():
+    assert settings_table() in (REPO_ROOT / "docs" / "configuration.md").read_text()

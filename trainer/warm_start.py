@@ -127,7 +127,7 @@ def stack_head_layers(model: BertForPreTraining, count: int, start: str = "ident
 def embedding_parameter(name: str, config) -> bool:
     """Is this parameter one of those that make the served embeddings (the word, position and type
     embeddings, which the MLM decoder shares, and the encoder layers up to `config.embedding_layer`)?
-    `config` is ours or a `transformers` one (bench.train_peer's model), which has no embedding layer."""
+    `config` is ours or a `transformers` one (bench.training.peer's model), which has no embedding layer."""
     if name.startswith("bert.embeddings."):
         return True
     if not name.startswith("bert.encoder.layer."):

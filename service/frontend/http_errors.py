@@ -6,7 +6,8 @@ each API's own clients understand it:
 - OpenAI-compatible routes (`/v1/...`): `{"error": {"message", "type", "param", "code"}}`, with the
   types OpenAI uses, so the official clients raise their own exception classes;
 - text-embeddings-inference routes (`/embed`, `/rerank`, ... and the root route): `{"error", "error_type"}`
-  with TEI's error types and statuses (400 for an empty request, as TEI's `empty`).
+  with TEI's error types spelled as TEI's server sends them (`Validation`, `Empty`, ...) and TEI's status
+  for each type (Empty 400, Backend 424); kinds TEI has no type for keep our status and read `Validation`.
 No traceback, file path or FastAPI `{"detail": ...}` body leaves the service.
 """
 
@@ -47,12 +48,16 @@ TEI_ROUTES = frozenset({"/embed", "/embed_all", "/embed_sparse", "/tokenize", "/
 OPENAI_TYPES = {"validation": "invalid_request_error", "empty": "invalid_request_error", "unauthorized": "authentication_error",
                 "overloaded": "rate_limit_error", "not_found": "not_found_error", "internal": "server_error",
                 "unavailable": "server_error"}
-# TEI's error types (text-embeddings-inference, router/src/http/types.rs ErrorType).
-TEI_TYPES = {"validation": "validation", "empty": "empty", "overloaded": "overloaded", "unavailable": "unhealthy",
-             "internal": "backend", "unsupported": "backend"}
+# TEI's error types as its server spells them: the ErrorType enum of router/src/lib.rs has no serde rename, so
+# the wire (and docs/openapi.json's enum) says "Validation", not "validation". A route the checkpoint has no
+# head for is TEI's Backend ("Model is not a classifier model"), and so is a failure inside inference. TEI
+# has no type for a refused key, body size, content type or method (its server answers those bare), so they
+# read Validation: the request is at fault, and the status (401, 413, 415, 405) says which way.
+TEI_TYPES = {"validation": "Validation", "empty": "Empty", "overloaded": "Overloaded", "unavailable": "Unhealthy",
+             "internal": "Backend", "unsupported": "Backend"}
 # OpenAI and TEI answer a bad request with 400 / 413 / 422 as their own servers do.
 OPENAI_STATUS = {"validation": 400, "empty": 400}
-TEI_STATUS = {"empty": 400}
+TEI_STATUS = {"empty": 400, "unsupported": 424, "internal": 424}  # TEI's StatusCode::from(&ErrorType)
 
 
 def api_of(path: str) -> str:
@@ -69,7 +74,7 @@ def error_body(kind: str, message: str, path: str = "", param: str | None = None
         return OPENAI_STATUS.get(kind, STATUS[kind]), {"error": {
             "message": message, "type": OPENAI_TYPES.get(kind, "invalid_request_error"), "param": param, "code": code}}
     if api == "tei":
-        return TEI_STATUS.get(kind, STATUS[kind]), {"error": message, "error_type": TEI_TYPES.get(kind, kind)}
+        return TEI_STATUS.get(kind, STATUS[kind]), {"error": message, "error_type": TEI_TYPES.get(kind, "Validation")}
     return STATUS[kind], {"error": message, "error_type": "validation" if kind == "empty" else kind}
 
 

@@ -23,7 +23,7 @@ from service.frontend.schemas_tei import (
     TeiTokenizeRequest,
 )
 
-ERRORS = {status: {"model": TeiError} for status in (400, 401, 413, 415, 422, 429, 500, 501, 503)}
+ERRORS = {status: {"model": TeiError} for status in (400, 401, 413, 415, 422, 424, 429, 503)}
 tei = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["TEI-compatible"])
 
 

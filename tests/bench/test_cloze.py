@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import transformers
 
-from bench import cloze
+from bench.quality import cloze
 from service.settings import DEFAULT_CHECKPOINT
 
 

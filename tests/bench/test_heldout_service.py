@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from bench import heldout_service
+from bench.quality import heldout_service
 from devkit.paths import WIKITEXT_TEST
 from devkit.server import start_service
 from model import load_checkpoint

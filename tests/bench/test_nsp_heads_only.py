@@ -1,4 +1,4 @@
-"""bench.nsp_heads_only's refit: it learns what the vectors hold, is chosen on the check set only, and leaves the
+"""bench.quality.nsp_heads_only's refit: it learns what the vectors hold, is chosen on the check set only, and leaves the
 checkpoint's own heads untouched."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.nsp_heads_only import accuracy, refit
+from bench.quality.nsp_heads_only import accuracy, refit
 
 
 def separable(count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from bench.train_peer import IGNORED, pad_to, transformers_twin
+from bench.training.peer import IGNORED, pad_to, transformers_twin
 from devkit.paths import REPO_ROOT
 from tests.conftest import random_model
 from trainer.step import pretraining_logits
@@ -43,7 +43,7 @@ def test_peer_loss_equals_our_training_loss():
 
 def test_training_benchmark_runs_both_systems(small_corpus, small_eval_corpus, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "bench.training", "--minutes", "0.04", "--preset", "tiny", "--corpus", str(small_corpus),
+        [sys.executable, "-m", "bench.training.speed", "--minutes", "0.04", "--preset", "tiny", "--corpus", str(small_corpus),
          "--eval-corpus", str(small_eval_corpus), "--batch-size", "8", "--work", str(tmp_path)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
     )

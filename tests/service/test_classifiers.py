@@ -1,6 +1,7 @@
 """Cross-encoders and classifiers (BertForSequenceClassification checkpoints written by transformers):
 /predict and /rerank scores equal transformers' on the same checkpoint, batched and single; routes a
-checkpoint cannot serve answer 501 naming what it has; bad input gets a 4xx naming the field."""
+checkpoint cannot serve answer 501 (424 on TEI's routes, as TEI) naming what it has; bad input gets a 4xx
+naming the field."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ async def test_predict_equals_transformers_with_softmax_labels(tiny_classifier):
     assert {a["label"]: a["score"] for a in raw[0]} == pytest.approx(dict(zip(names, logits[0])), abs=1e-4)
     np.testing.assert_allclose([[a["score"] for a in r] for r in raw[1:]], [[a["score"] for a in raw[0]]] * 2, atol=1e-6)
     assert pair.status_code == 422 and "inputs[1] is a pair" in pair.json()["error"]
-    assert rerank.status_code == 501 and "reads single texts" in rerank.json()["error"]
+    assert rerank.status_code == 424 and "reads single texts" in rerank.json()["error"]  # TEI's Backend
     assert [r["label"] for r in root[0]] == [a["label"] for a in batched[0]][:2]  # HF's shape: a list per input
     assert root_sigmoid[0][0]["score"] == pytest.approx(float(sigmoid(logits[0]).max()), abs=1e-4)
     assert info["model_type"]["classifier"]["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}

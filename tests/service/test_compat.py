@@ -23,7 +23,8 @@ TEI_SHAPES = {
                        "special": {"type": "boolean"}, "start": {"type": ["integer", "null"], "minimum": 0},
                        "stop": {"type": ["integer", "null"], "minimum": 0}}}}},
     "error": {"type": "object", "required": ["error", "error_type"], "additionalProperties": False,
-              "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}}},
+              "properties": {"error": {"type": "string"}, "error_type": {"enum": [
+                  "Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]}}},
 }
 
 
@@ -112,9 +113,9 @@ def test_tei_routes_answer_in_tei_shapes(server):
     bare = httpx.post(server + "/tokenize", json={"inputs": texts[1], "add_special_tokens": False},
                       headers=headers).json()
     assert bare == [pieces]
-    for path, body, status, kind in (("/embed", {"inputs": []}, 400, "empty"), ("/embed", {"inputs": 5}, 422, "validation"),
-                                     ("/embed", {"inputs": "a", "truncation_direction": "up"}, 422, "validation"),
-                                     ("/tokenize", {"inputs": "a", "prompt_name": "query"}, 422, "validation")):
+    for path, body, status, kind in (("/embed", {"inputs": []}, 400, "Empty"), ("/embed", {"inputs": 5}, 422, "Validation"),
+                                     ("/embed", {"inputs": "a", "truncation_direction": "up"}, 422, "Validation"),
+                                     ("/tokenize", {"inputs": "a", "prompt_name": "query"}, 422, "Validation")):
         response = httpx.post(server + path, json=body, headers=headers)
         assert response.status_code == status, response.text
         jsonschema_rs.validate(TEI_SHAPES["error"], response.json())

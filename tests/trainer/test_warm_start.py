@@ -224,7 +224,7 @@ def test_a_resumed_run_takes_this_invocations_encoder_rate_and_keeps_the_moments
     """load_state_dict alone brings back the saved lr_scale: a changed --encoder-lr-scale would be ignored."""
     import dataclasses
 
-    from trainer.loop import build_optimizer, restore_optimizer
+    from trainer.optimizer import build_optimizer, restore_optimizer
     from trainer.options import TrainOptions
 
     model = random_model(tokenizer.vocab_size)

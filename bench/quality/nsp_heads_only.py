@@ -4,7 +4,7 @@ on the frozen [CLS] vectors of fresh Wikipedia pairs. The refit is chosen by its
 pairs (never by the held-out WikiText figure it is then measured on), and compared with the checkpoint's own
 heads on both sets: if the frozen [CLS] vector held what the held-out pairs need, the refit would reach it.
 
-    python -m bench.nsp_heads_only checkpoints/minilm-wikipedia
+    python -m bench.quality.nsp_heads_only checkpoints/minilm-wikipedia
 """
 
 from __future__ import annotations

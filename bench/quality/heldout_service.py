@@ -6,9 +6,9 @@ trainer's in-process evaluation of the same checkpoint on the same items, so a g
 round trip, batching) shows. The trainer scores next-sentence on the pairs with 15% of their tokens masked
 (BERT's pre-training convention); users send whole sentences, so the in-process figure the service is
 compared with is the same pairs unmasked (`nsp_accuracy_unmasked`). On WikiText the two still differ: its
-`<unk>` placeholders are `[UNK]` in the trainer's ids and vanish from the decoded text (BENCHMARKS.md).
+`<unk>` placeholders are `[UNK]` in the trainer's ids and vanish from the decoded text (docs/model-making.md).
 
-    python -m bench.heldout_service checkpoints/minilm-wikipedia
+    python -m bench.quality.heldout_service checkpoints/minilm-wikipedia
 """
 
 from __future__ import annotations

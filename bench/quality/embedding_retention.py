@@ -4,7 +4,7 @@ POST /v1/embeddings; the reference is all-MiniLM-L6-v2 in transformers (mean poo
 sentence-transformers config says). Reports nearest-neighbour agreement, the rank correlation of all
 pairwise similarities, and the mean cosine to the reference (when the widths match).
 
-    python -m bench.embedding_retention checkpoints/minilm-wikipedia
+    python -m bench.quality.embedding_retention checkpoints/minilm-wikipedia
 """
 
 from __future__ import annotations

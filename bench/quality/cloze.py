@@ -1,11 +1,11 @@
 """A cloze probe of plain sentences: does a checkpoint's fill-mask answer them sensibly?
 
-The sentences (bench/data/cloze.tsv, written for this project: facts, syntax, common collocations) each
+The sentences (bench/quality/data/cloze.tsv, written for this project: facts, syntax, common collocations) each
 have one [MASK] and the answers a reader would accept. For each checkpoint: top-1 and top-5 hits, and
 every sentence's top answers. Computed in-process the way /fill-mask computes them (softmax over the
 whole vocabulary at the mask).
 
-    python -m bench.cloze checkpoints/minilm-wikipedia runs/mini-wikipedia-stage2 --markdown
+    python -m bench.quality.cloze checkpoints/minilm-wikipedia runs/mini-wikipedia-stage2 --markdown
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ reaches (measured in the same run). Model FLOPs per token, forward x 3 for forwa
 dense layers + attention at --max-seq-len + the MLM head on the masked share only, which is the
 work the objective needs; the peer's head over every position is counted as waste, not as work.
 
-    python -m bench.training --minutes 10
+    python -m bench.training.speed --minutes 10
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench.train_peer import PEER_RUN_FILE
+from bench.training.peer import PEER_RUN_FILE
 from devkit.paths import WIKITEXT_DIR
 from model.flops import model_flops_per_token
 from model.checkpoint import load_checkpoint, read_metadata
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
               "--seed", "0", "--cache-dir", str(cache)]
     commands = {
         "ours": [sys.executable, "-m", "trainer", *shared, "--output", str(args.work / "ours"), "--no-progress"],
-        "transformers": [sys.executable, "-m", "bench.train_peer", *shared, "--output", str(args.work / "transformers")],
+        "transformers": [sys.executable, "-m", "bench.training.peer", *shared, "--output", str(args.work / "transformers")],
     }
     peak = matmul_peak_flops()
     for system in args.systems:

@@ -3,10 +3,10 @@
 It sees exactly what our trainer sees (same tokenizer, pairs, batches, dynamic masks, optimizer
 groups, learning-rate schedule, clipping, seed and time budget) and differs only in how a step is
 computed: batches padded to --max-seq-len and the model's own loss, which projects every position
-onto the vocabulary. The checkpoint it writes is a Hugging Face directory, so `bench.training`
+onto the vocabulary. The checkpoint it writes is a Hugging Face directory, so `bench.training.speed`
 evaluates it with the same code as ours.
 
-    python -m bench.train_peer --corpus ../shared/data/wikitext-2/wiki.valid.tokens \\
+    python -m bench.training.peer --corpus ../shared/data/wikitext-2/wiki.valid.tokens \\
         --eval-corpus ../shared/data/wikitext-2/wiki.test.tokens --output runs/peer --time-budget 10
 """
 
@@ -24,7 +24,9 @@ import transformers
 from model.config import BertConfig
 from trainer.data import prepare
 from trainer.examples import TrainingPairs
-from trainer.loop import autocast_dtype, build_optimizer, lr_factor, run_progress, training_batch
+from trainer.loop import training_batch
+from trainer.optimizer import build_optimizer, lr_factor, run_progress
+from trainer.placement import autocast_dtype
 from trainer.masking import replaceable_ids
 from trainer.options import TrainOptions
 from trainer.state import Progress
@@ -84,7 +86,7 @@ def train_peer(options: TrainOptions) -> dict:
 
     model.save_pretrained(options.output, safe_serialization=True)
     tokenizer.save(options.output)
-    # The same "progress" record as our checkpoints' metadata, so bench.training reads both alike.
+    # The same "progress" record as our checkpoints' metadata, so bench.training.speed reads both alike.
     summary = {"progress": asdict(progress), "transformers_version": transformers.__version__}
     (Path(options.output) / PEER_RUN_FILE).write_text(json.dumps(summary, indent=2))
     return summary

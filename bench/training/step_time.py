@@ -1,9 +1,9 @@
 """One training step, ours vs transformers: forward + backward + AdamW on the same batch and weights,
 interleaved so that load drift hits both alike, in float32 and (where the CPU has native bf16) under
 bfloat16 autocast with float32 master weights, as the trainer's --precision runs it. The quick check
-behind the changes in BENCHMARKS.md; `bench.training` is the full 10-minute comparison.
+behind the changes in BENCHMARKS.md; `bench.training.speed` is the full 10-minute comparison.
 
-    python -m bench.train_step --preset mini --batch 32 --seq-len 128 --rounds 3
+    python -m bench.training.step_time --preset mini --batch 32 --seq-len 128 --rounds 3
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.train_peer import IGNORED, transformers_twin
+from bench.training.peer import IGNORED, transformers_twin
 from model import BertConfig, BertForPreTraining
 from model.device import cpu_has_native_bf16
 from trainer.step import pretraining_logits

@@ -1,0 +1,101 @@
+"""One optimizer step over this process's share of the global batch, in micro-batches (--grad-accum).
+
+Losses are sums divided by global counts (masked tokens, pairs), scaled by the world size that DDP's
+gradient averaging divides by again: the gradient is exactly that of the global mean. With
+--preserve-embeddings, the cosine distance to a frozen starting encoder's sentence vectors joins the loss.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from trainer.examples import PairBatch
+from trainer.masking import MaskedBatch
+from trainer.options import TrainOptions
+from trainer.placement import Placement
+from trainer.step import first_segments, mean_pooled, vector_inputs
+
+
+class GradientStep:
+    """`step(batch, masked, step_number) -> stats`: forward, backward and the optimizer's update.
+
+    `wrapped` is the step module as DDP wraps it (its `no_sync` skips the all-reduce of all but the last
+    micro-batch); `step_model` is what runs forward (the wrapped module, compiled or not)."""
+
+    def __init__(self, options: TrainOptions, placement: Placement, wrapped: torch.nn.Module,
+                 step_model: torch.nn.Module, optimizer: torch.optim.Optimizer, encoder_params: list,
+                 teacher: torch.nn.Module | None, autocast: torch.dtype | None, sep_id: int):
+        self.options, self.placement = options, placement
+        self.wrapped, self.step_model, self.optimizer = wrapped, step_model, optimizer
+        self.encoder_params, self.teacher, self.autocast, self.sep_id = encoder_params, teacher, autocast, sep_id
+
+    def __call__(self, batch: PairBatch, masked: MaskedBatch, step_number: int) -> dict:
+        options, device, world, rank = self.options, self.placement.device, self.placement.world, self.placement.rank
+        per_rank = options.batch_size // world
+        micro = per_rank // options.grad_accum
+        total_masked = int(masked.positions.sum())
+        totals = {"mlm_loss": 0.0, "nsp_loss": 0.0, "mlm_correct": 0, "nsp_correct": 0, "drift": 0.0}
+        label_offsets = torch.cumsum(masked.positions.sum(dim=1), 0)
+        for index in range(options.grad_accum):
+            lo = rank * per_rank + index * micro
+            hi = lo + micro
+            first_label = int(label_offsets[lo - 1]) if lo > 0 else 0
+            labels = masked.labels[first_label : int(label_offsets[hi - 1])].to(device)
+            part = batch.slice(lo, hi)
+            positions = masked.positions[lo:hi].to(device)
+            last = index == options.grad_accum - 1
+            inputs = (masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device), part.attention_mask.to(device))
+            clean = None
+            if self.teacher is not None and options.preserve_over == "clean":  # the unmasked ids, first segments
+                clean = tuple(t.to(device) for t in first_segments(part.input_ids, part.token_type_ids,
+                                                                   part.attention_mask, self.sep_id))
+            with nullcontext() if (last or world == 1) else self.wrapped.no_sync():
+                with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                    mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions, clean)
+                mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # losses in float32
+                nsp_labels = part.nsp_labels.to(device)
+                mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
+                nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
+                loss = mlm_sum / total_masked + nsp_sum / options.batch_size
+                if self.teacher is not None:
+                    drift_sum = self._drift(inputs, positions, clean, vectors).sum()
+                    loss = loss + options.preserve_embeddings * drift_sum / options.batch_size
+                    totals["drift"] += drift_sum.item()
+                (loss * world).backward()
+            totals["mlm_loss"] += mlm_sum.item()
+            totals["nsp_loss"] += nsp_sum.item()
+            totals["mlm_correct"] += int((mlm_logits.argmax(-1) == labels).sum())
+            totals["nsp_correct"] += int((nsp_logits.argmax(-1) == nsp_labels).sum())
+        if step_number < options.freeze_encoder_steps:
+            # The fresh heads learn against the encoder as it is: its gradients are dropped, so the optimizer
+            # (AdamW skips parameters without one) neither moves nor decays it. DDP-safe: nothing is unhooked.
+            for param in self.encoder_params:
+                param.grad = None
+        if options.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), options.clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        local_masked = int(masked.positions[rank * per_rank : (rank + 1) * per_rank].sum())
+        mlm = totals["mlm_loss"] / max(local_masked, 1)
+        nsp = totals["nsp_loss"] / per_rank
+        stats = {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp,
+                 "mlm_accuracy": totals["mlm_correct"] / max(local_masked, 1),
+                 "nsp_accuracy": totals["nsp_correct"] / per_rank}
+        if self.teacher is not None:
+            stats["embedding_drift"] = totals["drift"] / per_rank
+            stats["loss"] += options.preserve_embeddings * stats["embedding_drift"]
+        return stats
+
+    def _drift(self, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor,
+               clean: tuple[torch.Tensor, torch.Tensor] | None, vectors: torch.Tensor) -> torch.Tensor:
+        """(B,) cosine distance between the model's mean-pooled vectors and the frozen starting encoder's of
+        the same tokens (`vector_inputs`: the masked pairs as trained, or the clean first segments)."""
+        ids, types, attention, pooled = vector_inputs(self.options.preserve_over, *inputs, positions, clean)
+        with torch.no_grad(), torch.autocast(self.placement.device.type, dtype=self.autocast,
+                                             enabled=self.autocast is not None):
+            hidden, _ = self.teacher(ids, types, attention)
+            reference = mean_pooled(hidden, pooled)
+        return 1.0 - F.cosine_similarity(vectors.float(), reference.float(), dim=-1)
