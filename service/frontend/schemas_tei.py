@@ -121,5 +121,5 @@ class TeiRank(BaseModel):
 
 class TeiError(BaseModel):
     error: str
-    # TEI's ErrorType, spelled as its server sends it (service.http_errors maps our kinds onto it)
+    # TEI's ErrorType, spelled as its server sends it (service.frontend.http_errors maps our kinds onto it)
     error_type: Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]

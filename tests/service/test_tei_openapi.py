@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from service.errors import KINDS
-from service.http_errors import TEI_ROUTES, error_body
+from service.frontend.http_errors import TEI_ROUTES, error_body
 from tests.service.conftest import serving
 
 pytestmark = pytest.mark.anyio
