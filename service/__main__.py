@@ -44,17 +44,23 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in error["loc"]) or "settings"
             print(f"error: {where}: {error['msg']}", file=sys.stderr)
         return 2
-    if not settings.checkpoint.is_dir():
-        print(f"error: checkpoint {settings.checkpoint} is not a directory", file=sys.stderr)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per Hub request; model.hub logs the progress
+    from model.hub import CheckpointSourceError, resolve_checkpoint
+
+    try:  # a directory, or a Hub id fetched into the cache now: a bad one ends here, before the port is bound
+        source = resolve_checkpoint(settings.checkpoint)
+    except CheckpointSourceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
 
     import uvicorn
 
     from service.app import create_app
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     runtime = app.state.runtime
+    runtime.source = source  # resolved already: the loader does not ask the Hub again
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

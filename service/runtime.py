@@ -18,6 +18,7 @@ import torch
 
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.device import keep_freed_memory, pick_device
+from model.hub import ResolvedCheckpoint, resolve_checkpoint
 from service.batch_size import measure_batch_tokens
 from service.batcher import Batcher, BatchPolicy
 from service.engine import Engine
@@ -37,6 +38,10 @@ class Lifecycle:
     def __init__(self) -> None:
         self.state = "loading"
         self.failure: str | None = None
+        self.progress: str | None = None  # what loading is doing now (a Hub download's files and bytes)
+
+    def show_progress(self, progress) -> None:
+        self.progress = str(progress)
 
     def ready(self) -> None:
         if self.state == "loading":
@@ -59,7 +64,8 @@ class Lifecycle:
         if self.state == "failed":
             raise ServiceError("unavailable", "the model failed to load; see the server log")
         if self.state == "loading":
-            raise ServiceError("unavailable", "the model is still loading", retry_after_s=1)
+            doing = f" ({self.progress})" if self.progress else ""
+            raise ServiceError("unavailable", f"the model is still loading{doing}", retry_after_s=1)
 
 
 @dataclass
@@ -105,11 +111,12 @@ class Runtime:
         self.batcher: Batcher | None = None
         self.frontdoor: FrontDoor | None = None
         self.precision = None
+        self.source: ResolvedCheckpoint | None = None  # set by __main__ when it resolved before binding the port
         self._stopped = threading.Event()
 
     @property
     def model_name(self) -> str:
-        return Path(self.settings.checkpoint).name
+        return self.source.hub_id if self.source and self.source.hub_id else Path(self.settings.checkpoint).name
 
     def load(self) -> None:
         """Load, warm up, start batching (blocking; runs in a thread while the server already answers)."""
@@ -127,7 +134,10 @@ class Runtime:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         if device.type == "cpu" and s.cpu_keep_freed_memory and not keep_freed_memory():
             log.info("cpu_keep_freed_memory: not glibc, left to the system allocator")
-        checkpoint = load_checkpoint(s.checkpoint, device="cpu")
+        if self.source is None:  # a Hub id is downloaded here while /health answers 503 with the progress
+            self.source = resolve_checkpoint(s.checkpoint, progress=self.lifecycle.show_progress)
+            self.lifecycle.progress = None
+        checkpoint = load_checkpoint(self.source.path, device="cpu")
         tokenizer = checkpoint.tokenizer
         engine = build_engine(checkpoint, device, precision, self.engine_factory)
         self.precision = precision
@@ -213,7 +223,7 @@ class Runtime:
             model_type = {"embedding": {"pooling": checkpoint.pooling.mode}}
         return {
             "model_id": self.model_name,
-            "model_sha": None,
+            "model_sha": self.source.commit if self.source else None,  # the Hub commit served
             "model_dtype": self.precision.name if self.precision else None,
             "model_type": model_type,
             "prompts": dict(checkpoint.pooling.prompts) or None,

@@ -1,0 +1,175 @@
+"""A local stand-in for the Hugging Face Hub: the few endpoints huggingface_hub 2.4's snapshot_download calls.
+
+- GET  /api/models/{org}/{name}[/revision/{rev}]   model info: the commit (`sha`) and the files (`siblings`)
+- GET  /api/models/{org}/{name}/tree/{rev}         the file listing snapshot_download filters
+- HEAD /{org}/{name}/resolve/{rev}/{path}          X-Repo-Commit, ETag, Content-Length (no X-Xet-* header and no
+                                                   xetHash in listings, so the library downloads over plain HTTP)
+- GET  the same                                    the bytes, honouring `Range: bytes=N-` (how it resumes)
+
+Errors carry the X-Error-Code header the library maps to its exceptions (RepoNotFound, RevisionNotFound,
+GatedRepo, EntryNotFound). `cuts[path] = n` makes the next n transfers of `path` stop halfway and close the
+connection; `delay_s` slows every transfer (to make two clients overlap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+
+@dataclass
+class Repo:
+    revisions: dict[str, str]  # branch or tag -> commit hash
+    commits: dict[str, dict[str, bytes]]  # commit hash -> path in repo -> content
+    gated_token: str | None = None  # downloads need "Authorization: Bearer <this>"
+
+
+def files_of(directory: Path, extra: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """Every file under `directory` by its repo path, plus `extra` (files the service must never fetch)."""
+    files = {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {**files, **(extra or {})}
+
+
+def commit_hash(files: dict[str, bytes]) -> str:
+    digest = hashlib.sha1()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha1(files[path]).digest())
+    return digest.hexdigest()
+
+
+@dataclass
+class HubStandIn:
+    repos: dict[str, Repo] = field(default_factory=dict)
+    cuts: dict[str, int] = field(default_factory=dict)
+    delay_s: float = 0.0
+    requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path) in arrival order
+
+    def add(self, hub_id: str, files: dict[str, bytes], revision: str = "main", gated_token: str | None = None) -> str:
+        commit = commit_hash(files)
+        repo = self.repos.setdefault(hub_id, Repo({}, {}, gated_token))
+        repo.revisions[revision] = commit
+        repo.commits[commit] = files
+        return commit
+
+    def fetched(self, method: str = "GET") -> list[str]:
+        return [path for m, path in self.requests if m == method and "/resolve/" in path]
+
+    def start(self) -> str:
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                stand_in.answer(self, body=False)
+
+            def do_GET(self) -> None:
+                stand_in.answer(self, body=True)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ---- answers ---------------------------------------------------------------------------------
+
+    def answer(self, handler: BaseHTTPRequestHandler, body: bool) -> None:
+        path = urlsplit(handler.path).path
+        self.requests.append((handler.command, path))
+        api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+))?/?", path)
+        resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+        if api:
+            hub_id, kind, revision = api[1], api[2] or "revision", unquote(api[3] or "main")
+            found = self.find(handler, hub_id, revision, body)
+            if found:
+                commit, files = found
+                if kind == "tree":
+                    listing = [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                               for p, b in files.items()]
+                else:
+                    listing = {"id": hub_id, "sha": commit, "private": False,
+                               "gated": "manual" if self.repos[hub_id].gated_token else False,
+                               "siblings": [{"rfilename": p, "size": len(b)} for p, b in files.items()]}
+                self.send(handler, 200, json.dumps(listing).encode(), {"Content-Type": "application/json"}, body)
+        elif resolve:
+            hub_id, revision, file_path = resolve[1], unquote(resolve[2]), unquote(resolve[3])
+            found = self.find(handler, hub_id, revision, body, download=True)
+            if found:
+                self.send_file(handler, found[0], found[1], file_path, body)
+        else:
+            self.send(handler, 404, b"{}", {"X-Error-Code": "RepoNotFound"}, body)
+
+    def find(self, handler, hub_id: str, revision: str, body: bool, download: bool = False):
+        repo = self.repos.get(hub_id)
+        if repo is None:
+            self.send(handler, 401, b'{"error":"Repository not found"}',
+                      {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"}, body)
+            return None
+        commit = repo.revisions.get(revision, revision if revision in repo.commits else None)
+        if commit is None:
+            self.send(handler, 404, b'{"error":"Invalid rev id"}',
+                      {"X-Error-Code": "RevisionNotFound", "X-Error-Message": "Invalid rev id: " + revision}, body)
+            return None
+        if download and repo.gated_token and handler.headers.get("Authorization") != f"Bearer {repo.gated_token}":
+            self.send(handler, 401, b'{"error":"gated"}', {
+                "X-Error-Code": "GatedRepo",
+                "X-Error-Message": f"Access to model {hub_id} is restricted. You must have access to it and be "
+                                   "authenticated to access it. Please log in."}, body)
+            return None
+        return commit, repo.commits[commit]
+
+    def send_file(self, handler, commit: str, files: dict[str, bytes], file_path: str, body: bool) -> None:
+        content = files.get(file_path)
+        headers = {"X-Repo-Commit": commit}
+        if content is None:
+            self.send(handler, 404, b"{}", {**headers, "X-Error-Code": "EntryNotFound"}, body)
+            return
+        headers.update({"ETag": f'"{hashlib.sha256(content).hexdigest()}"', "Accept-Ranges": "bytes"})
+        status, start = 200, 0
+        ranged = re.fullmatch(r"bytes=(\d+)-", handler.headers.get("Range", ""))
+        if ranged:
+            status, start = 206, int(ranged[1])
+            headers["Content-Range"] = f"bytes {start}-{len(content) - 1}/{len(content)}"
+        part = content[start:]
+        if not body:
+            self.send(handler, status, b"", {**headers, "Content-Length": str(len(content))}, False)
+            return
+        if self.cuts.get(file_path, 0) > 0:  # send half of it, then hang up
+            self.cuts[file_path] -= 1
+            self.send_headers(handler, status, {**headers, "Content-Length": str(len(part))})
+            handler.wfile.write(part[: len(part) // 2])
+            handler.wfile.flush()
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.send(handler, status, part, headers, True)
+
+    def send(self, handler, status: int, payload: bytes, headers: dict, body: bool) -> None:
+        self.send_headers(handler, status, {"Content-Length": str(len(payload)), **headers})
+        if body and payload:
+            step = 64 * 1024
+            for offset in range(0, len(payload), step):
+                if self.delay_s:
+                    threading.Event().wait(self.delay_s)
+                handler.wfile.write(payload[offset: offset + step])
+
+    @staticmethod
+    def send_headers(handler, status: int, headers: dict) -> None:
+        handler.send_response(status)
+        for name, value in headers.items():
+            handler.send_header(name, value)
+        handler.end_headers()
