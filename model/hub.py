@@ -3,9 +3,10 @@
 `resolve_checkpoint("org/name@revision")` downloads, through `huggingface_hub`, only the files our loader
 reads (never pickle weights) into the cache every Hugging Face tool shares (HF_HOME / HF_HUB_CACHE), and
 returns the snapshot directory. What the library already does well is left to it: atomic writes (a
-transfer lands in `blobs/<etag>.incomplete` and is renamed only when complete, so a cut download never
-looks finished and the next run resumes it), file locks between processes sharing one cache, HF_TOKEN,
-HF_ENDPOINT, and HF_HUB_OFFLINE=1 (answer from the cache alone). Every failure becomes one
+transfer lands in `blobs/<etag>.<random>.incomplete` and is renamed only when complete, so a cut download
+never looks finished; a connection cut mid-file is resumed with a Range request within the same start, and
+a file that still fails is deleted and fetched anew by the next start), file locks between processes sharing
+one cache, HF_TOKEN, HF_ENDPOINT, and HF_HUB_OFFLINE=1 (answer from the cache alone). Every failure becomes one
 CheckpointSourceError line naming the id and what to do.
 
 This module imports neither torch nor the checkpoint code: `python -m service` resolves before it binds its
@@ -96,10 +97,12 @@ def _from_hub(hub_id: str, revision: str | None, progress) -> ResolvedCheckpoint
     endpoint = os.environ.get("HF_ENDPOINT") or None
     unreachable: str | None = "HF_HUB_OFFLINE is set" if offline() else None
     listing: dict[str, int | None] | None = None
+    commit: str | None = None
     try:
         if unreachable is None:
             info = HfApi(endpoint=endpoint).model_info(hub_id, revision=revision, files_metadata=True)
             listing = {sibling.rfilename: sibling.size for sibling in info.siblings or ()}
+            commit = info.sha
     except GatedRepoError:
         raise CheckpointSourceError(_gated(name, hub_id)) from None
     except RevisionNotFoundError:
@@ -115,7 +118,7 @@ def _from_hub(hub_id: str, revision: str | None, progress) -> ResolvedCheckpoint
 
     if listing is not None:
         files = _choose_files(name, listing)
-        _check_free_space(name, cache, hub_id, listing, files)
+        _check_free_space(name, cache, hub_id, commit, listing, files)
         log.info("%s: fetching %d files into %s", name, len(files), cache)
     bars = ProgressBars(name, progress)
     snapshot = _snapshot_download(name, hub_id, revision, cache, endpoint, offline=listing is None,
@@ -142,9 +145,12 @@ def _choose_files(name: str, listing: dict[str, int | None]) -> list[str]:
                                 f"{', '.join(sorted(listing)[:12])}): it is not a checkpoint this server can load")
 
 
-def _check_free_space(name: str, cache: Path, hub_id: str, listing: dict[str, int | None], files: list[str]) -> None:
-    """Refuse before downloading when the cache's disk cannot take the files (sizes the Hub listed)."""
-    needed = sum(listing[path] or 0 for path in files)
+def _check_free_space(name: str, cache: Path, hub_id: str, commit: str | None, listing: dict[str, int | None],
+                      files: list[str]) -> None:
+    """Refuse before downloading when the cache's disk cannot take the files it lacks (sizes the Hub listed); the
+    library itself only warns, and a full disk would then fail halfway through."""
+    snapshot = cache / ("models--" + hub_id.replace("/", "--")) / "snapshots" / str(commit)
+    needed = sum(listing[path] or 0 for path in files if not (snapshot / path).is_file())
     probe = cache
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -194,8 +200,8 @@ def _no_space(name: str, cache: Path, why: str) -> str:
 
 
 def _cut(name: str, cache: Path, exc: Exception) -> str:
-    return (f"{name}: the download was cut ({_reason(exc)}); start again to resume it (the part already received "
-            f"waits in {cache} as an .incomplete file, never taken for a complete one)")
+    return (f"{name}: the download was cut ({_reason(exc)}) and nothing of the unfinished file was kept in {cache}; "
+            "start again to fetch it (the library resumes a cut transfer itself only within one start)")
 
 
 def _reason(exc: Exception) -> str:

