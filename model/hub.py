@@ -188,7 +188,9 @@ def _snapshot_download(name, hub_id, revision, cache: Path, endpoint, *, offline
 
 
 def _gated(name: str, hub_id: str) -> str:
-    if os.environ.get("HF_TOKEN"):
+    from huggingface_hub import get_token
+
+    if get_token():  # HF_TOKEN, or the file at HF_TOKEN_PATH (a mounted secret), or `hf auth login`'s
         return (f"{name}: the model is gated and HF_TOKEN has no access to it: accept its terms on its Hub page "
                 f"(huggingface.co/{hub_id}) with the token's account")
     return (f"{name}: the model is gated or private: accept its terms on its Hub page (huggingface.co/{hub_id}) and "
@@ -208,3 +210,27 @@ def _reason(exc: Exception) -> str:
     """The first line of an exception's message, for a one-line error."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m model.hub ID[@REVISION]...`: fill the Hub cache (HF_HOME) for a later offline start (an init
+    container, an air-gapped host) with exactly the files the server reads; prints each snapshot directory."""
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    specs = sys.argv[1:] if argv is None else argv
+    if not specs or any(spec.startswith("-") for spec in specs):
+        print("usage: python -m model.hub org/name[@revision] ...  (fills the Hub cache at HF_HOME)", file=sys.stderr)
+        return 2
+    for spec in specs:
+        try:
+            print(resolve_checkpoint(spec).path)
+        except CheckpointSourceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

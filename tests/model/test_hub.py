@@ -16,38 +16,12 @@ import pytest
 
 from devkit.paths import REPO_ROOT
 from model.hub import CheckpointSourceError, resolve_checkpoint
-from tests.conftest import sequence_classifier
 from tests.hub_stand_in import (CROSS_ENCODER_ID, GATED_ID, GATED_TOKEN, MINILM_ID, NEVER_FETCHED, PICKLE_ONLY_ID,
-                                build_stand_in, minilm_dir, use_stand_in)
+                                hub, minilm_dir, stand_in, tree)  # noqa: F401 - fixtures
 
 LOADER_FILES = {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "modules.json", "1_Pooling/config.json", "sentence_bert_config.json",
                 "config_sentence_transformers.json", "README.md"}
-
-
-@pytest.fixture(scope="module")
-def stand_in(tmp_path_factory, tokenizer, tiny_cross_encoder):
-    other = sequence_classifier(tmp_path_factory.mktemp("ckpt") / "other", tokenizer, num_labels=1, seed=5)
-    hub = build_stand_in(tiny_cross_encoder, other)
-    hub.url = hub.start()
-    yield hub
-    hub.stop()
-
-
-@pytest.fixture
-def hub(stand_in, monkeypatch, tmp_path):
-    """The stand-in with a fresh cache under tmp_path; its request log and faults reset."""
-    use_stand_in(monkeypatch, stand_in.url, tmp_path / "hf")
-    stand_in.requests.clear(), stand_in.ranges.clear(), stand_in.cuts.clear()
-    stand_in.delay_s = 0.0
-    stand_in.cache = tmp_path / "hf" / "hub"
-    return stand_in
-
-
-def tree(directory) -> dict[str, str]:
-    """sha256 of every file under `directory` (links followed, as a loader reads them)."""
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def one_line_error(spec: str, *expected: str) -> str:
