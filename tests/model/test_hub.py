@@ -182,3 +182,20 @@ def test_two_processes_resolving_one_id_on_one_cache_at_once(hub):
     # both asked for the weights; the file lock let one write them (the other found them done, or resumed)
     assert len([p for p in hub.fetched("HEAD") if p.endswith("model.safetensors")]) == 2
     assert time.perf_counter() - started < 120
+
+
+def test_prefilling_the_cache_for_an_offline_start(hub, monkeypatch):
+    """`python -m model.hub ID` (what the Helm chart's init container runs) fills the cache an offline start reads."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    spec = f"{CROSS_ENCODER_ID}@v1"
+    done = subprocess.run([sys.executable, "-m", "model.hub", spec], env=env, cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    hub.requests.clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    resolved = resolve_checkpoint(spec)
+    assert str(resolved.path) == done.stdout.strip() and hub.requests == []
+    assert resolved.commit == hub.repos[CROSS_ENCODER_ID].revisions["v1"]
+    bad = subprocess.run([sys.executable, "-m", "model.hub", "test-org/nope"], env={**env, "HF_HUB_OFFLINE": "0"},
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: test-org/nope: no such")
