@@ -116,11 +116,13 @@ def _from_hub(hub_id: str, revision: str | None, progress) -> ResolvedCheckpoint
         unreachable = _reason(exc)
         log.warning("%s: cannot reach the Hub (%s); looking in the cache %s", name, unreachable, cache)
 
+    missing = 0
     if listing is not None:
         files = _choose_files(name, listing)
-        _check_free_space(name, cache, hub_id, commit, listing, files)
-        log.info("%s: fetching %d files into %s", name, len(files), cache)
-    bars = ProgressBars(name, progress)
+        missing = _missing_bytes(cache, hub_id, commit, listing, files)
+        _check_free_space(name, cache, missing)
+        log.info("%s: %d files, %.1f MB to fetch into %s", name, len(files), missing / 1e6, cache)
+    bars = ProgressBars(name, progress, missing)
     snapshot = _snapshot_download(name, hub_id, revision, cache, endpoint, offline=listing is None,
                                   unreachable=unreachable, bars=bars)
     bars.finish()
@@ -145,12 +147,16 @@ def _choose_files(name: str, listing: dict[str, int | None]) -> list[str]:
                                 f"{', '.join(sorted(listing)[:12])}): it is not a checkpoint this server can load")
 
 
-def _check_free_space(name: str, cache: Path, hub_id: str, commit: str | None, listing: dict[str, int | None],
-                      files: list[str]) -> None:
-    """Refuse before downloading when the cache's disk cannot take the files it lacks (sizes the Hub listed); the
-    library itself only warns, and a full disk would then fail halfway through."""
+def _missing_bytes(cache: Path, hub_id: str, commit: str | None, listing: dict[str, int | None],
+                   files: list[str]) -> int:
+    """What the cache lacks of `files`, by the sizes the Hub listed."""
     snapshot = cache / ("models--" + hub_id.replace("/", "--")) / "snapshots" / str(commit)
-    needed = sum(listing[path] or 0 for path in files if not (snapshot / path).is_file())
+    return sum(listing[path] or 0 for path in files if not (snapshot / path).is_file())
+
+
+def _check_free_space(name: str, cache: Path, needed: int) -> None:
+    """Refuse before downloading when the cache's disk cannot take what it lacks; the library itself only warns,
+    and a full disk would then fail halfway through."""
     probe = cache
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("model.hub")
-LOG_EVERY_S = 5.0
+LOG_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,9 @@ class DownloadProgress:
 
 
 class ProgressBars:
-    def __init__(self, name: str, callback: Callable[[DownloadProgress], None] | None) -> None:
-        self.name, self.callback = name, callback
+    def __init__(self, name: str, callback: Callable[[DownloadProgress], None] | None, expected_bytes: int = 0) -> None:
+        # The library learns each file's size only as its transfer starts; the Hub's listing gave them all.
+        self.name, self.callback, self.expected_bytes = name, callback, expected_bytes
         self.files = self.bytes = None  # the library's two bars, once it creates them
         self.lock = threading.Lock()
         self.started = time.monotonic()
@@ -54,7 +55,7 @@ class ProgressBars:
             def update(self, n=1) -> None:
                 with owner.lock:
                     self.n += n or 0
-                owner.report(file_finished=self is owner.files)
+                owner.report()
 
             def __enter__(self):
                 return self
@@ -79,10 +80,11 @@ class ProgressBars:
         if self.files is None:
             return None
         bytes_bar = self.bytes
-        return DownloadProgress(self.name, int(self.files.n), int(self.files.total),
-                                int(bytes_bar.n) if bytes_bar else 0, int(bytes_bar.total) if bytes_bar else 0)
+        done, total = (int(bytes_bar.n), int(bytes_bar.total)) if bytes_bar else (0, 0)
+        return DownloadProgress(self.name, int(self.files.n), int(self.files.total), done,
+                                max(total, self.expected_bytes))
 
-    def report(self, file_finished: bool = False) -> None:
+    def report(self) -> None:
         now = self.current()
         if now is None:
             return
@@ -90,7 +92,7 @@ class ProgressBars:
             self.callback(now)
         moment = time.monotonic()
         # files already in the cache finish without a byte: nothing worth a log line
-        if now.bytes_total and (file_finished or moment - self.last_log >= LOG_EVERY_S):
+        if now.bytes_total and (moment - self.last_log >= LOG_EVERY_S or now.files_done == now.files_total):
             self.last_log = moment
             log.info("%s", now)
 
