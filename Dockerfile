@@ -3,6 +3,7 @@
 #   docker build --build-arg VARIANT=cpu -t bert-serve:0.1.0-cpu .   CPU only: PyTorch's CPU wheel, a fraction of the size
 #   docker run --gpus all -p 8000:8000 bert-serve:0.1.0             -> serves the bundled model
 #   docker run -v ckpts:/checkpoints bert-serve:0.1.0-cpu train --corpus wikitext-2 --output /checkpoints/m
+#   docker run -v cache:/cache -e HF_TOKEN -p 8000:8000 bert-serve:0.1.0-cpu serve --checkpoint org/name   (a Hub id)
 # The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
 # Linux x86-64) and requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index).
 FROM python:3.11.11-slim-bookworm
@@ -52,6 +53,8 @@ ENV BERT_HOST=0.0.0.0 \
     BERT_PORT=8000 \
     BERT_CACHE_DIR=/cache \
     NUMBA_CACHE_DIR=/cache/numba \
+    HF_HOME=/cache/huggingface \
+    HF_HUB_DISABLE_TELEMETRY=1 \
     BERT_DRAIN_SECONDS=2 \
     BERT_IMAGE_VARIANT=$VARIANT
 EXPOSE 8000

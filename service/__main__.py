@@ -44,21 +44,28 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in error["loc"]) or "settings"
             print(f"error: {where}: {error['msg']}", file=sys.stderr)
         return 2
-    if not settings.checkpoint.is_dir():
-        print(f"error: checkpoint {settings.checkpoint} is not a directory", file=sys.stderr)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per Hub request; model.hub logs the progress
+    from model.hub import CheckpointSourceError, resolve_checkpoint
+
+    try:  # a directory, or a Hub id fetched into the cache now: a bad one ends here, before the port is bound
+        source = resolve_checkpoint(settings.checkpoint)
+    except CheckpointSourceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from service.supervisor import Supervisor, auto_workers
 
     workers = auto_workers(settings.device) if settings.workers == "auto" else settings.workers
     if workers > 0:
-        return Supervisor(settings, workers).run()
+        return Supervisor(settings, workers, source).run()
 
     from service.app import create_app
     from service.frontend.serve import serve_http
 
-    failure = serve_http(create_app(settings.model_copy(update={"workers": 0})), settings)
+    app = create_app(settings.model_copy(update={"workers": 0}))
+    app.state.runtime.source = source  # resolved already: the runtime does not ask the Hub again
+    failure = serve_http(app, settings)
     if failure is not None:
         print(f"error: {failure}", file=sys.stderr)
         return 1

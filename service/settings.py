@@ -4,6 +4,7 @@ table in docs/configuration.md) states the trade-off."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -18,9 +19,12 @@ class Settings(BaseSettings):
     # An empty variable means "not set" (compose passes `${BERT_API_KEY:-}` as ""), so the default applies.
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="forbid", validate_default=True, env_ignore_empty=True)
 
-    checkpoint: Path = Field(DEFAULT_CHECKPOINT, description=(
-        "Checkpoint directory to serve (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel/"
-        "BertForSequenceClassification directory with model.safetensors). Default: the bundled model (all-MiniLM-L6-v2 with masked-LM and next-sentence heads, trained on English Wikipedia)."))
+    checkpoint: str = Field(DEFAULT_CHECKPOINT, description=(
+        "Checkpoint to serve: a directory (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel/"
+        "BertForSequenceClassification directory with model.safetensors), or a Hugging Face Hub id, org/name or "
+        "org/name@revision, fetched once (safetensors only) into the Hub cache (HF_HOME; HF_TOKEN for gated "
+        "models, HF_HUB_OFFLINE=1 for the cache alone: docs/hub-models.md). A directory of that name wins. Default: "
+        "the bundled model (all-MiniLM-L6-v2 with masked-LM and next-sentence heads, trained on English Wikipedia)."))
     host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")
@@ -112,6 +116,10 @@ class Settings(BaseSettings):
         if value != "auto" and not 0 <= value <= 64:
             raise ValueError("workers must be auto or a number of front-end processes from 0 to 64")
         return value
+    @field_validator("checkpoint", mode="before")
+    @classmethod
+    def _path_as_text(cls, value):
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("device")
     @classmethod

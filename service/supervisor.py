@@ -32,6 +32,7 @@ from pathlib import Path
 
 from prometheus_client import multiprocess
 
+from model.hub import ResolvedCheckpoint
 from service.frontend.admission import create_slots
 from service.launch import launch_record
 from service.metrics import MULTIPROCESS_DIR
@@ -54,8 +55,10 @@ def auto_workers(device: str) -> int:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, workers: int):
-        self.settings = settings.model_copy(update={"workers": workers})
+    def __init__(self, settings: Settings, workers: int, source: ResolvedCheckpoint):
+        # The children load the directory resolved here (a Hub id is fetched once, before the port is bound).
+        self.settings = settings.model_copy(update={"workers": workers, "checkpoint": str(source.path)})
+        self.source = {"hub_id": source.hub_id, "revision": source.revision, "commit": source.commit}
         self.workers = workers
         self.directory = Path(tempfile.mkdtemp(prefix="bert-serve-"))
         self.in_flight = self.directory / "in-flight"
@@ -94,7 +97,7 @@ class Supervisor:
 
     def _front_end(self, slot: int, fd: int) -> subprocess.Popen:
         return self._spawn("service.frontend.worker", pass_fds=(fd,), directory=str(self.directory), slot=slot, fd=fd,
-                           engine_pid=self.engine.pid, in_flight=str(self.in_flight))
+                           engine_pid=self.engine.pid, in_flight=str(self.in_flight), source=self.source)
 
     def _stop(self, sig, frame) -> None:
         if not self.stopping:

@@ -154,3 +154,13 @@ def test_entrypoint_health_follows_bert_port(tiny_checkpoint):
 
 def test_the_documented_settings_table_matches_the_code():
     assert settings_table() in (REPO_ROOT / "docs" / "configuration.md").read_text()
+def test_hub_models_go_to_one_cache_volume_with_the_token_from_the_environment():
+    for name in ("api", "api-replica"):
+        env = COMPOSE["services"][name]["environment"]
+        assert env["HF_HOME"] == "/cache/huggingface" and "cache:/cache" in COMPOSE["services"][name]["volumes"]
+        assert env["HF_TOKEN"] == "${HF_TOKEN:-}" and env["HF_HUB_OFFLINE"] == "${HF_HUB_OFFLINE:-}"
+    assert "BERT_CHECKPOINT=BAAI/bge-small-en-v1.5 docker compose up" in (REPO_ROOT / "docker-compose.yml").read_text()
+    # the image's default too (the trainer's --init-from, `docker run`), on the volume its user owns
+    assert "HF_HOME=/cache/huggingface" in DOCKERFILE and "chown bert:bert /checkpoints /cache" in DOCKERFILE
+    assert "HF_HUB_DISABLE_TELEMETRY=1" in DOCKERFILE
+

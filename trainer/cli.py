@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch (through the checkpoint code and the loop) is imported only after --help is answered
     from model.checkpoint import CheckpointError
     from model.config import ConfigError
+    from model.hub import resolve_checkpoint
     from model.tokenizer import TokenizerError
     from trainer.corpus import CorpusError
     from trainer.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.run_files import command_line
 
     try:
+        if args.init_from is not None:  # a directory, or a Hub id (org/name[@revision]) fetched into the Hub cache
+            args.init_from = resolve_checkpoint(args.init_from).path
         options = TrainOptions(**vars(args))
         output = train(options, command_line(argv))  # main([...]) from Python: its list, not this process's argv
     except Interrupted as interrupt:

@@ -36,7 +36,9 @@ class TrainOptions:
     tokenizer_sample: int = option(500_000, "Sentences sampled (uniformly, one pass) to train the vocabulary on.")
     init_from: Path | None = option(None, "Start from this BERT checkpoint's weights and tokenizer instead of scratch: "
                                           "ours, or any BertForPreTraining, BertForMaskedLM or BertModel directory "
-                                          "(sentence-transformers models included); heads it lacks start fresh.")
+                                          "(sentence-transformers models included), or a Hugging Face Hub id "
+                                          "(org/name[@revision], fetched into the Hub cache); heads it lacks start "
+                                          "fresh.")
     preserve_embeddings: float = option(0.0, "Weight of the embedding-preservation term (needs --init-from): the "
                                              "cosine distance between the mean-pooled sentence vectors of each "
                                              "training batch and those of the frozen starting encoder, added to the "

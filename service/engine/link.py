@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 
 from service.engine.batcher import Batcher, Ticket
 from service.engine.loader import LoadedEngine, load_engine
@@ -64,8 +65,9 @@ class LocalLink:
         self.loaded: LoadedEngine | None = None
         self.detail = "loading the model"
 
-    async def start(self) -> ModelFacts:
-        self.loaded = await asyncio.to_thread(load_engine, self.settings, self.metrics, self.engine_factory)
+    async def start(self, checkpoint: Path) -> ModelFacts:
+        settings = self.settings.model_copy(update={"checkpoint": str(checkpoint)})
+        self.loaded = await asyncio.to_thread(load_engine, settings, self.metrics, self.engine_factory)
         self.sink = LoopSink(asyncio.get_running_loop())
         return self.loaded.facts
 

@@ -8,6 +8,7 @@ door and the routes see only this interface and the types of `service.messages`.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Protocol
 
 from service.messages import ModelFacts
@@ -26,8 +27,9 @@ class Pending(Protocol):
 class EngineLink(Protocol):
     detail: str  # what loading is doing now, for /health's 503 while loading
 
-    async def start(self) -> ModelFacts:
-        """Return once the engine is ready to compute; raise RuntimeError (with the reason) if it cannot be."""
+    async def start(self, checkpoint: Path) -> ModelFacts:
+        """Return once the engine is ready to compute `checkpoint` (a local directory); raise RuntimeError (with
+        the reason) if it cannot be."""
 
     def submit(self, items: list[Item], deadline: float) -> Pending:
         """Queue `items` to reach the device by `deadline` (time.monotonic()); raise ServiceError to refuse them."""

@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
@@ -65,7 +66,8 @@ class RemoteLink:
         self._status: asyncio.Future | None = None  # the first ready/failed Status
         self._outgoing: list[bytes] = []  # messages of this pass of the event loop, sent together
 
-    async def start(self) -> ModelFacts:
+    async def start(self, checkpoint: Path) -> ModelFacts:
+        """`checkpoint` is the engine process's already (the supervisor resolved it for both)."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         inbox_address, outbox_address = endpoints(self.directory)

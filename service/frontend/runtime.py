@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.checkpoint import Checkpoint, load_checkpoint_files
+from model.hub import ResolvedCheckpoint, resolve_checkpoint
 from service.errors import ServiceError
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.inputs import Limits
@@ -82,15 +83,20 @@ class Runtime:
         self.settings = settings
         self.link = link
         self.metrics = metrics or Metrics()
-        self.lifecycle = Lifecycle(loading_detail=lambda: link.detail)
+        self.lifecycle = Lifecycle(loading_detail=lambda: self.progress or link.detail)
         self.requests = RequestCounts()
         self.checkpoint: Checkpoint | None = None  # without weights: those live with the engine
         self.facts: ModelFacts | None = None
         self.frontdoor: FrontDoor | None = None
+        self.source: ResolvedCheckpoint | None = None  # set when the checkpoint was resolved before the port was bound
+        self.progress = ""  # a Hub download's files and bytes, while it runs
 
     @property
     def model_name(self) -> str:
-        return Path(self.settings.checkpoint).name
+        return self.source.hub_id if self.source and self.source.hub_id else Path(self.settings.checkpoint).name
+
+    def _show_progress(self, progress) -> None:
+        self.progress = str(progress)
 
     async def start(self) -> None:
         """Wait for the engine, then open the front door (the server already answers /health with 503)."""
@@ -101,8 +107,11 @@ class Runtime:
         # threads and stalled the event loop while it waited for them (py-spy). One thread is plenty for
         # the inputs of one request. A value the user set is kept.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        facts = await self.link.start()
-        checkpoint = await asyncio.to_thread(load_checkpoint_files, s.checkpoint, facts.num_labels)
+        if self.source is None:  # a Hub id is downloaded here while /health answers 503 with the progress
+            self.source = await asyncio.to_thread(resolve_checkpoint, s.checkpoint, progress=self._show_progress)
+            self.progress = ""
+        facts = await self.link.start(self.source.path)
+        checkpoint = await asyncio.to_thread(load_checkpoint_files, self.source.path, facts.num_labels)
         limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k)
         self.checkpoint, self.facts = checkpoint, facts
         self.frontdoor = FrontDoor(checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s,
@@ -170,7 +179,7 @@ class Runtime:
             model_type = {"embedding": {"pooling": checkpoint.pooling.mode}}
         return {
             "model_id": self.model_name,
-            "model_sha": None,
+            "model_sha": self.source.commit if self.source else None,  # the Hub commit served
             "model_dtype": self.facts.dtype if self.facts else None,
             "model_type": model_type,
             "prompts": dict(checkpoint.pooling.prompts) or None,

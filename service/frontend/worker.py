@@ -2,7 +2,8 @@
 the supervisor made, its admission count in the shared slots.
 
 Started by `service.supervisor` (`python -m service.frontend.worker`, launch record on standard input:
-the settings, the directory of the engine's sockets and its pid, the socket's file descriptor, this front end's slot).
+the settings (the checkpoint a local directory already), where the Hub id it came from, the directory of
+the engine's sockets and its pid, the socket's file descriptor, this front end's slot).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from model.hub import ResolvedCheckpoint
 from service.frontend.admission import SharedInFlight
 from service.frontend.app import create_http_app
 from service.frontend.remote import RemoteLink
@@ -26,7 +28,9 @@ def main() -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s front-end-{slot}: %(message)s")
     link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"])
-    app = create_http_app(Runtime(settings, link), SharedInFlight(Path(record["in_flight"]), slot))
+    runtime = Runtime(settings, link)
+    runtime.source = ResolvedCheckpoint(Path(settings.checkpoint), **record["source"])
+    app = create_http_app(runtime, SharedInFlight(Path(record["in_flight"]), slot))
     failure = serve_http(app, settings, fd=record["fd"])
     return 1 if failure is not None else 0
 

@@ -37,6 +37,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "bert.checkpointPath" -}}
 {{- if eq .Values.model.source "pvc" -}}{{ printf "/models/%s" .Values.model.pvc.path }}
 {{- else if eq .Values.model.source "init" -}}{{ printf "/models/%s" .Values.model.init.path }}
+{{- else if eq .Values.model.source "hub" -}}{{ include "bert.hubSpec" . }}
 {{- else -}}{{ .Values.model.bundled.path }}{{- end -}}
 {{- end -}}
 
@@ -50,4 +51,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{- define "bert.apiKeySecret" -}}
 {{ .Values.apiKey.existingSecret | default (printf "%s-api-key" (include "bert.fullname" .)) }}
+{{- end -}}
+
+{{/* A Hub id as --checkpoint takes it: org/name or org/name@revision. */}}
+{{- define "bert.hubSpec" -}}
+{{ .Values.model.hub.id }}{{ with .Values.model.hub.revision }}@{{ . }}{{ end }}
+{{- end -}}
+
+{{/* Whether the API pod needs egress: an init container fetches its model from outside. */}}
+{{- define "bert.fetchesModel" -}}
+{{- if or (eq .Values.model.source "init") (and (eq .Values.model.source "hub") (not .Values.model.hub.offline)) -}}true{{- end -}}
 {{- end -}}

@@ -25,8 +25,14 @@ at `helm template` / `helm install` time rather than as a pod that never schedul
 {{- fail (printf "shutdown.terminationGracePeriodSeconds: %d s is shorter than shutdown.preStopSleepSeconds + server.drainSeconds + server.queueTimeoutSeconds = %d s; the kubelet would kill requests still being answered" ($v.shutdown.terminationGracePeriodSeconds | int) ($needed | int)) -}}
 {{- end -}}
 {{- end -}}
-{{- if not (has $v.model.source (list "bundled" "pvc" "init")) -}}
-{{- fail (printf "model.source: must be bundled, pvc or init, not %q" (toString $v.model.source)) -}}
+{{- if not (has $v.model.source (list "bundled" "pvc" "init" "hub")) -}}
+{{- fail (printf "model.source: must be bundled, pvc, init or hub, not %q" (toString $v.model.source)) -}}
+{{- end -}}
+{{- if and (eq $v.model.source "hub") (not (regexMatch "^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$" (toString $v.model.hub.id))) -}}
+{{- fail (printf "model.hub.id: model.source is hub but %q is not a Hub id (org/name, the revision goes in model.hub.revision)" (toString $v.model.hub.id)) -}}
+{{- end -}}
+{{- if and (eq $v.model.source "hub") $v.model.hub.offline (not $v.model.hub.cache.claimName) -}}
+{{- fail "model.hub.offline: an offline start needs a pre-filled cache (model.hub.cache.claimName); an emptyDir starts empty" -}}
 {{- end -}}
 {{- if and (eq $v.model.source "pvc") (not $v.model.pvc.claimName) (not $v.model.pvc.create) -}}
 {{- fail "model.pvc.claimName: model.source is pvc but no claim is named (set model.pvc.claimName, or model.pvc.create: true)" -}}
