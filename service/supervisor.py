@@ -83,7 +83,7 @@ class Supervisor:
                      self.settings.host, self.settings.port, self.workers, self.engine.pid)
             code = self._watch(listener.fileno())
         finally:
-            listener.close()
+            listener.close()  # no more restarts; once the front ends close theirs, connections are refused
             self._shut_down()
             shutil.rmtree(self.directory, ignore_errors=True)
         return code
