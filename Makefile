@@ -139,13 +139,15 @@ train-mini-scratch: $(SERVE_STAMP)
 retention-curve: $(DEV_STAMP)
 	$(BIN)/python -m bench.quality.retention_curve --work $(RUNS)/retention-curve $(ARGS)
 
-# The GPU path in one command (bench/gpu.py): on a CUDA machine, offline, under 10 minutes. Fetch its wheels first,
-# on a machine with a network, for the GPU machine's Python (GPU_PYTHON=3.12 ...): under 64 MiB in .whl/gpu.
-GPU_PYTHON ?= 3.11
+# The GPU path in one command (bench/gpu.py): on a CUDA machine, offline, under 8 minutes. Fetch its wheels first,
+# on a machine with a network, for the GPU machine's Python (3.12 on the lent machines; GPU_PYTHON=3.11 for a check
+# on this machine's Python, tests/bench/test_gpu_venv.py): under 64 MiB in .whl/gpu.
+GPU_PYTHON ?= 3.12
 gpu-wheels:
 	rm -rf .whl/gpu && mkdir -p .whl/gpu
-	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
-	  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux2014_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
 	  -r requirements/gpu-extra.txt -d .whl/gpu
 	du -sh .whl/gpu
 

@@ -1,17 +1,20 @@
 """One command that proves the GPU path the day a GPU appears: `python -m bench.gpu` (or `make bench-gpu`).
 
-On a CUDA machine, from a fresh clone, with no network, in under 10 minutes:
-1. the GPU-marked tests (tests/gpu: the service's engine against transformers in float32, bfloat16 and float16
-   for every head, packed == padded, batched == single) on the GPU;
-2. the service against the in-process limit on the GPU (bench.serving: the same ratio as on CPU);
-3. the trainer's tokens/s and MFU (model FLOPs over the peak this GPU measured on a large bf16 matmul), with
-   torch.compile, and DistributedDataParallel over NCCL when there are two GPUs;
+On a CUDA machine, from a fresh clone, with no network, in about 8 minutes (docs/gpu.md):
+1. the GPU-marked tests (tests/gpu: the engine against transformers in float32, bfloat16 and float16 for every head,
+   varlen attention == padded == transformers, packed == padded, batched == single, the trainer's CUDA device);
+2. the service against the in-process limit, dtype auto and float32, at 16 and 64 clients x 8 sentences and 64 x 1,
+   and the naive transformers peer (bench.serving, its clients spread over several processes), for the bundled
+   model and for a BERT-base-shaped checkpoint built here (random weights, the bundled tokenizer); the load
+   generator's own ceiling (GET /live);
+3. a py-spy profile of the service under load and torch.profiler's top CUDA kernels of one engine batch;
+4. the trainer's tokens/s and MFU (model FLOPs over the peak this GPU measured on a large bf16 matmul) on the
+   BERT-base shape (bfloat16, torch.compile), and the wall-clock `make train-default`'s tokens would take;
 then one JSON and one Markdown summary in --out.
 
-It uses the torch it finds (2.1 or newer: SDPA and torch.compile; 2.13 is what the project pins). Such a machine
-usually lacks FastAPI and uvicorn: `make gpu-wheels` downloads them (and the rest of what the service needs
-beyond torch, numpy, transformers, tokenizers, safetensors and httpx) into .whl/gpu beforehand; this script
-installs them from there into .venv-gpu (a venv that sees the machine's own torch) and re-runs itself in it.
+It uses the torch it finds (2.1 or newer; varlen attention needs 2.10). What such a machine lacks (FastAPI, uvicorn,
+pyzmq, py-spy, ...: requirements/gpu-extra.txt) comes from .whl/gpu, filled beforehand by `make gpu-wheels`
+on a machine with a network; bench.gpu_env installs it with `pip --target` and re-runs this with PYTHONPATH.
 
 `--dry-run` runs every step on the CPU with small sizes, so that the path is exercised by the test suite.
 """
@@ -30,37 +33,22 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from devkit.paths import REPO_ROOT, WIKITEXT_DIR
+from bench.gpu_env import ensure_packages, program
+from devkit.paths import REPO_ROOT
 
-WHEELS = REPO_ROOT / ".whl" / "gpu"
-GPU_VENV = REPO_ROOT / ".venv-gpu"
-SERVICE_MODULES = ("fastapi", "uvicorn", "pydantic_settings", "orjson", "prometheus_client", "fastapi_offline")
 MIN_TORCH = (2, 1)
-
-
-def ensure_service_packages(args) -> None:
-    """Re-run inside .venv-gpu with the downloaded wheels when the service's packages are missing."""
-    missing = [m for m in SERVICE_MODULES if importlib.util.find_spec(m) is None]
-    if not missing:
-        return
-    if not WHEELS.is_dir():
-        sys.exit(f"error: the service needs {missing}; run `make gpu-wheels` on a machine with a network first "
-                 f"(it fills {WHEELS.relative_to(REPO_ROOT)})")
-    if Path(sys.prefix) == GPU_VENV:
-        sys.exit(f"error: {missing} still missing in {GPU_VENV}: are the wheels in {WHEELS} complete?")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(GPU_VENV)], check=True)
-    python = GPU_VENV / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", str(WHEELS),
-                    *sorted(p.name for p in WHEELS.glob("*.whl"))], check=True, cwd=WHEELS)
-    os.execv(str(python), [str(python), "-m", "bench.gpu", *sys.argv[1:]])
 
 
 def environment(device: str) -> dict:
     import torch
 
-    facts = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-             "device": device, "host": platform.node()}
-    for name in ("transformers", "tokenizers", "safetensors", "httpx", "fastapi", "uvicorn"):
+    from model.attention import varlen_attn
+
+    facts = {"python": platform.python_version(), "python_prefix": sys.prefix, "torch": torch.__version__,
+             "cuda": torch.version.cuda, "device": device, "host": platform.node(), "cpus": os.cpu_count(),
+             "varlen_attn": varlen_attn is not None, "py_spy": program("py-spy"),
+             "service_workers": os.environ.get("BERT_WORKERS", "the service's default")}
+    for name in ("transformers", "tokenizers", "safetensors", "httpx", "fastapi", "uvicorn", "zmq"):
         spec = importlib.util.find_spec(name)
         facts[name] = __import__(name).__version__ if spec else None
     if device.startswith("cuda"):
@@ -88,22 +76,6 @@ def gpu_tests(device: str, work: Path) -> dict:
             "output_tail": result.stdout[-1500:] if result.returncode else ""}
 
 
-def serving(work: Path, dry_run: bool) -> dict:
-    rows_file = work / "serving.json"
-    command = [sys.executable, "-m", "bench.serving",  # the bundled model (bench.serving's default)
-               "--concurrency", *(["4"] if dry_run else ["16", "64"]), "--inputs-per-request", "8",
-               "--duration", "1" if dry_run else "15", "--sentences", "64" if dry_run else "2000",
-               "--systems", "service", "--json", str(rows_file), *(["--batch-sizes", "1", "16"] if dry_run else [])]
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-    if result.returncode:
-        return {"error": result.stderr[-1500:]}
-    rows = json.loads(rows_file.read_text())
-    limit = rows[0]
-    return {"limit_sequences_per_s": limit["sequences_per_s"], "limit_batch": limit["mean_batch"],
-            "service": [{"concurrency": r["concurrency"], "sequences_per_s": r["sequences_per_s"],
-                         "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "vs_limit": r["vs_limit"]} for r in rows[1:]]}
-
-
 def matmul_peak_tflops(device: str, dry_run: bool) -> float:
     """The best bf16 (CPU: float32) matmul rate this device reaches: the denominator of MFU."""
     import torch
@@ -124,45 +96,43 @@ def matmul_peak_tflops(device: str, dry_run: bool) -> float:
     return 2 * size**3 / best / 1e12
 
 
-def training(device: str, work: Path, dry_run: bool, peak: float) -> dict:
-    from model.config import BertConfig
-    from model.flops import model_flops_per_token
+def fmt(value, spec: str = ".1f") -> str:
+    return "–" if value is None else format(value, spec)
 
-    steps, batch, preset, vocab = (4, 8, "tiny", 600) if dry_run else (300, 128, "mini", 8192)
-    corpus, held_out = WIKITEXT_DIR / "wiki.valid.tokens", WIKITEXT_DIR / "wiki.test.tokens"
-    if dry_run:  # the first articles only: the same steps in seconds
-        corpus, held_out = work / "train.tokens", work / "eval.tokens"
-        for source, target in ((WIKITEXT_DIR / "wiki.valid.tokens", corpus), (WIKITEXT_DIR / "wiki.test.tokens", held_out)):
-            target.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:300]))
-    runs = {"single": ["--device", device] + ([] if dry_run else ["--compile"])}
-    import torch
 
-    if device.startswith("cuda") and torch.cuda.device_count() >= 2:
-        runs["ddp-nccl-2"] = ["--device", "cuda"]
-    results = {}
-    for name, flags in runs.items():
-        output = work / f"train-{name}"
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"] if name.startswith("ddp") \
-            else [sys.executable]
-        command = [*launcher, "-m", "trainer", "--corpus", str(corpus), "--eval-corpus", str(held_out),
-                   "--output", str(output), "--preset", preset, "--max-seq-len", "64" if dry_run else "128",
-                   "--vocab-size", str(vocab), "--batch-size", str(batch), "--max-steps", str(steps), "--eval-every",
-                   str(steps), "--eval-examples", "64", "--log-every", "2", "--no-progress", "--cache-dir",
-                   str(work / "cache"), *flags]
-        result = subprocess.run(command, cwd=REPO_ROOT if launcher[0] == sys.executable else None,
-                                capture_output=True, text=True)
-        if result.returncode:
-            results[name] = {"error": result.stderr[-1500:]}
-            continue
-        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-        speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r][len(rows) // 4 or 1:]  # past compile/warm-up
-        tokens_per_s = sum(speeds) / max(len(speeds), 1)
-        config = BertConfig.preset(preset, vocab_size=vocab)
-        model_tflops = tokens_per_s * 3 * model_flops_per_token(config, 64 if dry_run else 128, 0.15) / 1e12
-        results[name] = {"tokens_per_s": round(tokens_per_s, 1), "model_tflops": round(model_tflops, 3),
-                         "mfu_vs_measured_peak": round(model_tflops / peak, 4), "steps": steps, "batch": batch,
-                         "preset": preset, "flags": flags}
-    return results
+def serving_lines(label: str, serve: dict) -> list[str]:
+    if "error" in serve:
+        return [f"| {label}: serving | failed: {serve['error'][-300:]!r} |"]
+    lines = []
+    for r in serve["rows"]:
+        if r["system"].startswith("limit"):
+            lines.append(f"| {label}: {r['system']} | {r['sequences_per_s']:,.0f} seq/s (batch {r['mean_batch']}) |")
+        elif r["system"].startswith("load generator"):
+            lines.append(f"| {label}: {r['system']}, {r['concurrency']} clients in {serve['client_processes']} "
+                         f"processes | {r['requests_per_s']:,.0f} requests/s |")
+        else:
+            lines.append(f"| {label}: {r['system']}, {r['concurrency']} clients x {r['inputs_per_request']} | "
+                         f"{r['sequences_per_s']:,.1f} seq/s = {fmt(r['vs_limit'], '.2f')}x the limit, p50 "
+                         f"{r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, mean batch {fmt(r['mean_batch'])}, "
+                         f"padding {fmt(r['padding'], '.1%')} |")
+    return lines
+
+
+def profile_lines(spy: dict, kernels: dict) -> list[str]:
+    lines = []
+    if "error" in spy:
+        lines.append(f"| py-spy | failed: {spy['error'][-300:]!r} |")
+    else:
+        lines += [f"| py-spy, {spy['samples']} samples, most on top of the stack | " + "; ".join(
+            f"{f['share']:.0%} {f['function']}" for f in spy["self"][:8]) + " |"]
+    if "error" in kernels:
+        lines.append(f"| profiler | failed: {kernels['error'][-300:]!r} |")
+    else:
+        lines += [f"| top kernels, one batch of {kernels['batch']} ({kernels['real_tokens']} tokens, "
+                  f"{kernels['dtype']}, "
+                  f"varlen attention {kernels['varlen_attention']}) | " + "; ".join(
+                      f"{k['share']:.0%} {k['name'][:60]}" for k in kernels["top"][:6]) + " |"]
+    return lines
 
 
 def markdown(summary: dict) -> str:
@@ -173,20 +143,29 @@ def markdown(summary: dict) -> str:
     lines += [f"| {key} | {value} |" for key, value in env.items()]
     lines += [f"| GPU-marked tests | {tests['passed']} passed, {tests['failures'] + tests['errors']} failed, "
               f"{tests['skipped']} skipped ({tests['seconds']} s) |"]
-    serve = summary["serving"]
-    if "error" in serve:
-        lines.append(f"| serving | failed: {serve['error'][-200:]!r} |")
-    else:
-        lines.append(f"| in-process limit | {serve['limit_sequences_per_s']:.1f} seq/s (batch {serve['limit_batch']}) |")
-        lines += [f"| service, concurrency {r['concurrency']} | {r['sequences_per_s']:.1f} seq/s = {r['vs_limit']:.2f}x "
-                  f"the limit, p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms |" for r in serve["service"]]
+    lines += serving_lines("bundled model", summary["serving"])
+    lines += serving_lines("BERT-base shape", summary["serving_base"])
+    lines += profile_lines(summary["py_spy"], summary["kernels"])
     lines.append(f"| measured matmul peak | {summary['matmul_peak_tflops']:.1f} TFLOP/s |")
     for name, run in summary["training"].items():
-        lines.append(f"| training ({name}) | " + (f"failed: {run['error'][-200:]!r}" if "error" in run else
+        lines.append(f"| training ({name}) | " + (f"failed: {run['error'][-300:]!r}" if "error" in run else
                      f"{run['tokens_per_s']:,.0f} tokens/s, {run['model_tflops']:.2f} TFLOP/s, MFU "
-                     f"{run['mfu_vs_measured_peak']:.1%} of the measured peak ({run['preset']}, batch {run['batch']})")
-                     + " |")
+                     f"{run['mfu_vs_measured_peak']:.1%} of the measured peak (hidden {run['hidden']}, "
+                     f"{run['layers']} layers, batch {run['batch']}, {' '.join(run['flags'][:3])})") + " |")
+    recipe = summary["training"].get("train-default", {})
+    if "recipe_hours_here" in recipe:
+        lines.append(f"| `make train-default` here | {recipe['recipe_hours_here']:.2f} h: the bundled model's "
+                     f"{recipe['recipe_tokens']:,} training tokens at {recipe['tokens_per_s']:,.0f} tokens/s |")
+    lines.append("| seconds per step | " + ", ".join(f"{k} {v}" for k, v in summary["step_seconds"].items()) + " |")
     return "\n".join(lines) + "\n"
+
+
+def failed(summary: dict) -> list[str]:
+    """The steps whose failure fails the run (profiles are diagnostics: their errors are reported only)."""
+    tests = summary["gpu_tests"]
+    broken = ["gpu_tests"] if tests["failures"] + tests["errors"] or tests["exit_code"] not in (0, 5) else []
+    broken += [k for k in ("serving", "serving_base") if "error" in summary[k]]
+    return broken + [f"training {n}" for n, run in summary["training"].items() if "error" in run]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,36 +173,66 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="every step on the CPU, small sizes (for the tests)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "gpu")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="seconds per serving row (default 5; 1 in the dry run)")
+    parser.add_argument("--service-args", default="",
+                        help="more flags for the service, e.g. '--workers 4' (default: none: the service's default)")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    ensure_service_packages(args)
+    ensure_packages(argv)
     import torch
+
+    from bench import gpu_steps
 
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no CUDA device; use --dry-run to exercise the same steps on the CPU", file=sys.stderr)
         return 2
     device = "cpu" if args.dry_run else "cuda"
+    duration = args.duration or (1.0 if args.dry_run else 5.0)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
         work = Path(scratch)
-        summary = {"dry_run": args.dry_run, "command": " ".join(["python -m bench.gpu", *sys.argv[1:]]),
+        summary = {"dry_run": args.dry_run, "command": " ".join(["python -m bench.gpu", *argv]),
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "environment": environment(device)}
-        steps = {"gpu_tests": lambda: gpu_tests(device, work), "serving": lambda: serving(work, args.dry_run),
-                 "matmul_peak_tflops": lambda: matmul_peak_tflops(device, args.dry_run),
-                 "training": lambda: training(device, work, args.dry_run, summary["matmul_peak_tflops"])}
+        base = gpu_steps.base_checkpoint(work, args.dry_run)
+        # The dry run spreads the systems over the two checkpoints (each server start costs seconds on a CPU).
+        dry = ((("service", "naive"), ("4x2",)), (("service:float32",), ("4x1",))) if args.dry_run else ((), ())
+        bundled = gpu_steps.DEFAULT_CHECKPOINT
+        steps = {
+            "gpu_tests": lambda: gpu_tests(device, work),
+            "serving": lambda: gpu_steps.serving(bundled, work, args.dry_run, duration, args.service_args, True,
+                                                 *dry[0]),
+            "serving_base": lambda: gpu_steps.serving(base, work, args.dry_run, duration, args.service_args, False,
+                                                      *dry[1]),
+            "py_spy": lambda: guarded(gpu_steps.py_spy_profile, bundled, work, args.dry_run,
+                                      1 if args.dry_run else 8),
+            "kernels": lambda: guarded(gpu_steps.kernel_profile, bundled, device, args.dry_run),
+            "matmul_peak_tflops": lambda: matmul_peak_tflops(device, args.dry_run),
+            "training": lambda: gpu_steps.training(device, work, args.dry_run, summary["matmul_peak_tflops"], base),
+        }
         summary["step_seconds"] = {}
         for name, step in steps.items():
             step_started = time.perf_counter()
             summary[name] = step()
             summary["step_seconds"][name] = round(time.perf_counter() - step_started, 1)
+            print(f"bench.gpu: {name} done in {summary['step_seconds'][name]} s", file=sys.stderr, flush=True)
     summary["seconds"] = time.perf_counter() - started
     (args.out / "gpu-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.out / "gpu-summary.md").write_text(markdown(summary))
     print(markdown(summary))
-    tests = summary["gpu_tests"]
-    broken = tests["failures"] + tests["errors"] or "error" in summary["serving"] or \
-        any("error" in run for run in summary["training"].values())
+    broken = failed(summary)
+    if broken:
+        print(f"bench.gpu: failed: {', '.join(broken)}", file=sys.stderr)
     return 1 if broken else 0
+
+
+def guarded(step, *args) -> dict:
+    """A diagnostic step: its exception becomes its result, so the figures of the other steps survive."""
+    try:
+        return step(*args)
+    except Exception as error:  # noqa: BLE001  (reported in the summary, with its type)
+        return {"error": f"{type(error).__name__}: {error}"}
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import httpx
 import numpy as np
 import torch
 
+# drive, one_or_many: re-exported for the benchmarks that import them from here
+from bench.load import drive, drive_processes, encode_request, infinity_request, live_request, one_or_many  # noqa: F401
 from devkit.paths import WIKITEXT_TEST, checkpoint_argument
 from devkit.server import free_port, start
 from service.settings import DEFAULT_CHECKPOINT
@@ -53,6 +55,7 @@ class Row:
     mean_batch: float | None = None
     padding: float | None = None
     vs_limit: float | None = None
+    inputs_per_request: int = 1
 
 
 def sentences(limit: int, fixed_length: int | None, tokenizer) -> list[str]:
@@ -88,65 +91,23 @@ def count_tokens(tokenizer, texts: list[str]) -> dict[str, int]:
     return {t: len(e.ids) for t, e in zip(texts, tokenizer.encode_batch(texts, truncate=True))}
 
 
-def one_or_many(texts: list[str]) -> str | list[str]:
-    """A single input is sent as a string (the common case), several as a list."""
-    return texts[0] if len(texts) == 1 else texts
-
-
-def encode_request(texts: list[str]) -> tuple[str, dict]:
-    return "/encode", {"inputs": one_or_many(texts), "pooling": "mean", "truncate": True}
-
-
-def infinity_request(model: str):
-    """Infinity's OpenAI-style route; it mean-pools (and normalises) as sentence-transformers does."""
-    return lambda texts: ("/embeddings", {"model": model, "input": texts})
-
-
-async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],
-                request=encode_request, inputs_per_request: int = 1):
-    """`concurrency` clients, each with its own connection, send `inputs_per_request` inputs per request
-    and wait for the answer before sending the next, until time is up.
-
-    Each client has its own `httpx.AsyncClient`: one shared pool of many connections costs the load
-    generator far more CPU per request as concurrency grows (against a server that answers instantly,
-    on this machine: 287 requests/s at concurrency 32 and 69 at 128 with a shared pool; 1,206 and 416
-    with a client per worker), and the load generator shares the CPU with the server.
-    """
-    latencies: list[float] = []
-    sequences = tokens = 0
-    stop_at = time.perf_counter() + duration
-
-    async def worker(offset: int):
-        nonlocal sequences, tokens
-        i = offset * inputs_per_request
-        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-            while time.perf_counter() < stop_at:
-                chosen = [texts[(i + k) % len(texts)] for k in range(inputs_per_request)]
-                i += concurrency * inputs_per_request
-                started = time.perf_counter()
-                path, payload = request(chosen)
-                response = await client.post(path, json=payload)
-                if response.status_code != 200:  # the benchmark counts only full answers; any error stops it
-                    raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
-                latencies.append(time.perf_counter() - started)
-                sequences += len(chosen)
-                tokens += sum(token_counts[t] for t in chosen)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(k) for k in range(concurrency)))
-    seconds = time.perf_counter() - started
-    return latencies, sequences, tokens, seconds
-
-
 def measure_http(system: str, url: str, texts, concurrency: int, duration: float, token_counts,
-                 request=encode_request, inputs_per_request: int = 1) -> Row:
+                 request=encode_request, inputs_per_request: int = 1, client_processes: int = 1) -> Row:
+    """One row: `concurrency` closed-loop clients for `duration` seconds, after a short warm-up; with
+    `client_processes` > 1 (our own request shapes only), the clients run in that many processes."""
     asyncio.run(drive(url, texts[:64], concurrency, min(2.0, duration / 3), token_counts, request,
                       inputs_per_request))  # warm-up
     before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
-    latencies, sequences, tokens, seconds = asyncio.run(drive(url, texts, concurrency, duration, token_counts, request,
-                                                              inputs_per_request))
+    named = {encode_request: "encode", live_request: "live"}.get(request)
+    if client_processes > 1 and named:
+        latencies, sequences, tokens, seconds = drive_processes(url, texts, concurrency, duration, token_counts, named,
+                                                                inputs_per_request, client_processes)
+    else:
+        latencies, sequences, tokens, seconds = asyncio.run(drive(url, texts, concurrency, duration, token_counts,
+                                                                  request, inputs_per_request))
     row = Row(system, concurrency, len(latencies), seconds, len(latencies) / seconds, sequences / seconds,
-              tokens / seconds, *(float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99)))
+              tokens / seconds, *(float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99)),
+              inputs_per_request=inputs_per_request)
     if system.startswith("service"):
         after = httpx.get(url + "/metrics").text
         batches = metric_delta(before, after, "bert_batch_sequences_count")
@@ -242,15 +203,24 @@ def _whole_passes(engine, batches: list, parallel: int, budget_s: float) -> tupl
     return time.perf_counter() - started, passes
 
 
-def server_command(system: str, checkpoint: Path, port: int, infinity: str | None, work: Path):
+def system_dtype(system: str) -> str:
+    """The --dtype a row's server runs (service[-nobatch]:DTYPE...), against whose in-process limit it is
+    compared; auto for the other systems."""
+    name, _, option = system.partition(":")
+    return (option.split(":")[0] or "auto") if name in ("service", "service-nobatch") else "auto"
+
+
+def server_command(system: str, checkpoint: Path, port: int, infinity: str | None, work: Path,
+                   service_args: tuple[str, ...] = ()):
     """(the command that serves `checkpoint` on `port` as `system` (NAME or NAME:OPTION), how to ask it).
-    The service's OPTION is DTYPE, optionally followed by more of its flags: service:float32:--no-cpu-keep-freed-memory."""
+    The service's OPTION is DTYPE, optionally followed by more of its flags: service:float32:--no-cpu-keep-freed-memory;
+    `service_args` go to every service row (--service-args '--workers 4')."""
     name, _, option = system.partition(":")
     gpu = torch.cuda.is_available()
     if name in ("service", "service-nobatch"):
         command = [sys.executable, "-m", "service", "--checkpoint", str(checkpoint), "--port", str(port)]
         dtype, *flags = option.split(":") if option else [""]
-        command += (["--dtype", dtype] if dtype else []) + flags
+        command += (["--dtype", dtype] if dtype else []) + flags + list(service_args)
         return command + (["--max-batch-size", "1"] if name == "service-nobatch" else []), encode_request
     if name == "naive":
         return [sys.executable, "-m", "bench.naive_peer", str(checkpoint), str(port)], encode_request
@@ -292,7 +262,19 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES),
                         help="batch sizes the in-process limit tries")
+    parser.add_argument("--load", nargs="+", default=None, metavar="CxI",
+                        help="client loads as CONCURRENCYxINPUTS_PER_REQUEST (e.g. 16x8 64x8 64x1); replaces "
+                             "--concurrency and --inputs-per-request")
+    parser.add_argument("--client-processes", type=int, default=1,
+                        help="processes the clients are spread over (bench.load): one event loop tops out near "
+                             "a thousand requests/s, below a multi-process server on a GPU host")
+    parser.add_argument("--service-args", default="", help="more flags for every service row, e.g. '--workers 4'")
+    parser.add_argument("--ceiling", action="store_true",
+                        help="also measure the load generator's own ceiling: GET /live of the first server, "
+                             "at the highest concurrency")
     args = parser.parse_args(argv)
+    loads = [tuple(int(n) for n in load.lower().split("x")) for load in args.load] if args.load else \
+        [(c, args.inputs_per_request) for c in args.concurrency]
 
     from model import load_checkpoint
 
@@ -305,27 +287,37 @@ def main(argv=None) -> int:
           f"device {'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
 
     limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes)
+    limit.inputs_per_request = 0  # no requests: the table shows a dash
+    limits = {"auto": limit}
+    for dtype in dict.fromkeys(system_dtype(system) for system in args.systems):
+        if dtype not in limits:  # the same engine in this dtype, for the rows that serve it
+            limits[dtype] = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes, dtype)[0]
+            limits[dtype].system, limits[dtype].inputs_per_request = f"limit (in-process, {dtype})", 0
     print(f"# one forward pass of one input (median over lengths): {single_ms:.2f} ms")
     print("# in-process sequences/s by batch size: " + ", ".join(
         f"{arrangement_label(*arrangement)} {rate:.0f}" for arrangement, rate in sweep.items()))
     unbatched = max((rate for (batch_size, _), rate in sweep.items() if batch_size == 1), default=None)
     if unbatched:
         print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
-    rows = [limit]
+    rows = list(limits.values())
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
-    for system in args.systems:
+    for index, system in enumerate(args.systems):
         port = free_port()
-        command, request = server_command(system, args.checkpoint, port, args.infinity, work)
+        command, request = server_command(system, args.checkpoint, port, args.infinity, work,
+                                          tuple(shlex.split(args.service_args)))
         url = f"http://127.0.0.1:{port}"
         process = start(command, url)
         try:
-            for concurrency in args.concurrency:
+            for concurrency, per_request in loads:
                 row = measure_http(system, url, texts, concurrency, args.duration, token_counts,
-                                   request, args.inputs_per_request)
-                row.vs_limit = row.sequences_per_s / limit.sequences_per_s
+                                   request, per_request, args.client_processes)
+                row.vs_limit = row.sequences_per_s / limits[system_dtype(system)].sequences_per_s
                 rows.append(row)
-                print(f"  {system:16s} c={concurrency:<4d} {row.sequences_per_s:8.1f} seq/s  p50 {row.p50_ms:7.1f} ms",
-                      file=sys.stderr)
+                print(f"  {system:16s} c={concurrency:<4d} x{per_request:<3d} {row.sequences_per_s:8.1f} seq/s  "
+                      f"p50 {row.p50_ms:7.1f} ms", file=sys.stderr)
+            if args.ceiling and index == 0:  # what the clients reach when the server does nothing
+                rows.append(measure_http("load generator (GET /live)", url, texts, max(c for c, _ in loads),
+                                         args.duration, token_counts, live_request, 0, args.client_processes))
         except Exception:
             print(f"{system} failed; its log: {process.log_path}", file=sys.stderr)
             raise
@@ -339,13 +331,14 @@ def main(argv=None) -> int:
 
 
 def table(rows: list[Row], best_arrangement: str) -> str:
-    head = ("| system | concurrency | req/s | seq/s | tokens/s | p50 ms | p95 ms | p99 ms | mean batch | padding | "
-            "vs limit |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| system | concurrency | inputs/request | req/s | seq/s | tokens/s | p50 ms | p95 ms | p99 ms | "
+            "mean batch | padding | vs limit |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
         conc = f"– ({best_arrangement})" if r.concurrency == 0 else str(r.concurrency)
-        lines.append(f"| {r.system} | {conc} | {r.requests_per_s:.1f} | {r.sequences_per_s:.1f} | {r.tokens_per_s:,.0f} | "
+        lines.append(f"| {r.system} | {conc} | {r.inputs_per_request or '–'} | {r.requests_per_s:.1f} | "
+                     f"{r.sequences_per_s:.1f} | {r.tokens_per_s:,.0f} | "
                      f"{fmt(r.p50_ms or None, '.1f')} | {fmt(r.p95_ms or None, '.1f')} | {fmt(r.p99_ms or None, '.1f')} | "
                      f"{fmt(r.mean_batch, '.1f')} | {fmt(r.padding, '.1%')} | {fmt(r.vs_limit, '.2f')} |")
     return "\n".join(lines)

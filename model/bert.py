@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.attention import attend_each, attend_varlen, runs_varlen
 from model.config import BertConfig
 from model.dropout import Dropout, attention_with_cheap_dropout
 from model.packing import Packing
@@ -75,8 +76,10 @@ class BertSelfAttention(nn.Module):
             packing = attn_mask
             qkv = self.fused_qkv(x) if self.fused_qkv is not None else \
                 torch.cat((self.query(x), self.key(x), self.value(x)), -1)
+            if not (self.training and self.dropout_prob > 0) and runs_varlen(qkv.device, qkv.dtype, self.head_dim):
+                return attend_varlen(qkv, packing, self.num_heads, self.head_dim)  # no padding at all
             if qkv.device.type == "cpu" and not self.training and packing.attend_each_on_cpu:
-                return self._attend_each(qkv, packing)
+                return attend_each(qkv, packing, self.num_heads, self.head_dim)
             q, k, v = packing.pad(qkv).chunk(3, -1)
             return packing.unpad(self._attend(q, k, v, packing.key_mask))
         if self.fused_qkv is not None:
@@ -93,25 +96,6 @@ class BertSelfAttention(nn.Module):
         q = q.new_zeros(slots.numel(), q.shape[-1]).index_copy(0, flat_slots, q)
         out = self._attend(q.view(*slots.shape, -1), k, v, attn_mask)
         return out.reshape(slots.numel(), -1).index_select(0, flat_slots)
-
-    def _attend_each(self, qkv: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """Packed (N, 3H) query | key | value -> (N, H), one attention call per sequence, unpadded.
-
-        On CPU, padded attention costs B * T^2 where the sequences need only the sum of their L^2: for 20
-        wiki.test sentences one layer's padded call took 5.1 ms on one core, 20 per-sequence calls 1.5 ms
-        (Packing.attend_each_on_cpu weighs the two). On a GPU one padded call wins (launch costs).
-        """
-        hidden = qkv.shape[-1] // 3
-        # CPU attention runs faster in float32 than in bfloat16 at these lengths, enough to pay for the
-        # two conversions: bf16 model 241 -> 249 seq/s on one core (BENCHMARKS.md, issue #15).
-        dtype = qkv.dtype
-        qkv = qkv.float()
-        out = qkv.new_empty(qkv.shape[0], hidden)
-        for start, length in packing.spans:
-            # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies.
-            q, k, v = qkv[start:start + length].view(1, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            out[start:start + length] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(length, hidden)
-        return out.to(dtype)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """q (B, Tq, H) attends to k, v (B, T, H) -> (B, Tq, H)."""

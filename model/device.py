@@ -9,12 +9,16 @@ import torch
 
 
 def pick_device(choice: str, local_rank: int = 0) -> torch.device:
-    """auto = the (local rank's) CUDA GPU when there is one, else the CPU; cuda without CUDA is an error."""
-    if choice == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(choice)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    """auto = the (local rank's) CUDA GPU when there is one, else the CPU; cuda without CUDA is an error.
+
+    A CUDA device always comes back with its index ("cuda" -> the local rank's "cuda:N"):
+    torch.cuda.set_device refuses a device without one."""
+    device = torch.device("cuda" if choice == "auto" and torch.cuda.is_available() else
+                          "cpu" if choice == "auto" else choice)
+    if device.type == "cuda" and choice != "auto" and not torch.cuda.is_available():
         raise ValueError(f"device {choice} was asked for, but CUDA is not available")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
     return device
 
 

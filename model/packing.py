@@ -15,7 +15,8 @@ class Packing:
     Every layer but attention works token by token, so embeddings, projections, feed-forward and
     LayerNorm (nearly all the FLOPs of short inputs) run on the N real tokens only. Attention works
     sequence by sequence: on CPU it usually runs on each sequence's own `spans` of the packed layout;
-    otherwise each layer scatters q/k/v into the padded (B, T) layout and gathers the result back.
+    on CUDA in half precision FlashAttention reads the packed layout itself, given `cu_seqlens` (see
+    model.attention); otherwise each layer scatters q/k/v into the padded (B, T) layout and gathers it back.
     """
 
     indices: torch.Tensor  # (N,) where each real token sits in the flattened (B*T) padded layout
@@ -26,6 +27,7 @@ class Packing:
     batch: int
     width: int
     spans: tuple[tuple[int, int], ...]  # (start, length) of each sequence in the packed layout
+    cu_seqlens: torch.Tensor  # (B+1,) int32: 0, then where each sequence ends (FlashAttention's varlen form)
 
     @classmethod
     def from_lengths(cls, lengths: list[int]) -> Packing:
@@ -38,7 +40,14 @@ class Packing:
         if int(sizes.min()) != width:
             key_mask = (torch.arange(width)[None, :] < sizes[:, None])[:, None, None, :]
         spans = tuple(zip(starts.tolist(), map(int, lengths)))
-        return cls(rows * width + positions, rows, positions, starts, key_mask, len(lengths), width, spans)
+        cu_seqlens = torch.cat((torch.zeros(1, dtype=torch.int32), torch.cumsum(sizes, 0, dtype=torch.int32)))
+        return cls(rows * width + positions, rows, positions, starts, key_mask, len(lengths), width, spans,
+                   cu_seqlens)
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence's length (FlashAttention's max_seqlen; the padded layout's width)."""
+        return self.width
 
     @cached_property
     def attend_each_on_cpu(self) -> bool:
@@ -50,7 +59,7 @@ class Packing:
             return self
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
-                       move(self.key_mask), self.batch, self.width, self.spans)
+                       move(self.key_mask), self.batch, self.width, self.spans, move(self.cu_seqlens))
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
         """(N, D) -> (B, T, D), zeros where there is no token."""

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
+from model.attention import attention_pads
 from model.flops import packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from service.tasks import (
@@ -91,7 +92,9 @@ class Engine:
               layers: int | None = None) -> tuple[float, float]:
         """(FLOPs of one packed batch through `layers` (all by default), the part spent on padding): see
         `packed_batch_flops`. The batcher prices candidate batches with all layers, not knowing their kinds."""
-        per_sequence = self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares)
+        # No padding where attention runs on packed sequences (varlen on CUDA) or one sequence at a time (CPU).
+        per_sequence = not attention_pads(self.device, self.dtype, self.model.config.head_dim) or \
+            (self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares))
         return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence, layers)
 
     def collate(self, items: list[Item]) -> Batch:

@@ -1,11 +1,15 @@
-"""`python -m bench.gpu --dry-run`: every step of the GPU check (the GPU-marked tests, the service against the
-in-process limit, the trainer's tokens/s and MFU, the summary) on the CPU, so that the script cannot rot."""
+"""`python -m bench.gpu --dry-run`: every step of the GPU acceptance run (the GPU-marked tests, the service against
+the in-process limit for both checkpoints with several client processes, the load generator's ceiling, py-spy,
+torch.profiler, the trainer's tokens/s and MFU, the summary) on the CPU, so that the script cannot rot.
+`devkit.gpu_venv_check` (slow, needs PyPI) rehearses it on a venv shaped like the GPU machine's Python."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+
+import pytest
 
 from devkit.paths import REPO_ROOT
 
@@ -17,11 +21,33 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     summary = json.loads((tmp_path / "gpu-summary.json").read_text())
     tests = summary["gpu_tests"]
     assert tests["passed"] >= 4 and tests["failures"] == tests["errors"] == 0, tests
-    serving = summary["serving"]
-    assert serving["limit_sequences_per_s"] > 0 and serving["service"][0]["sequences_per_s"] > 0
-    assert 0 < serving["service"][0]["vs_limit"] < 2
-    run = summary["training"]["single"]
-    assert run["tokens_per_s"] > 0 and 0 < run["mfu_vs_measured_peak"] < 1
+    rows = summary["serving"]["rows"] + summary["serving_base"]["rows"]
+    systems = {r["system"] for r in rows}
+    assert {"limit (in-process)", "service", "service:float32", "naive", "load generator (GET /live)"} <= systems
+    assert "limit (in-process, float32)" in systems
+    for row in rows:
+        assert row["sequences_per_s"] > 0 or row["system"].startswith("load generator"), row
+        if row["system"] in ("service", "service:float32"):
+            assert 0 < row["vs_limit"] < 3, row
+    assert summary["serving"]["client_processes"] >= 2
+    assert summary["py_spy"].get("samples", 0) > 0 or "error" in summary["py_spy"]
+    kernels = summary["kernels"]
+    assert kernels["top"] and kernels["varlen_attention"] is False, kernels  # on the CPU: the padded/per-sequence path
+    for name in ("bert-base", "train-default"):
+        run = summary["training"][name]
+        assert run["tokens_per_s"] > 0 and 0 < run["mfu_vs_measured_peak"], run
+    assert summary["training"]["train-default"]["recipe_hours_here"] > 0
     assert summary["environment"]["device"] == "cpu" and summary["matmul_peak_tflops"] > 0
     report = (tmp_path / "gpu-summary.md").read_text()
-    assert "GPU-marked tests" in report and "in-process limit" in report and "training (single)" in report
+    for line in ("GPU-marked tests", "bundled model: limit (in-process)", "BERT-base shape: ", "load generator",
+                 "training (bert-base)", "make train-default"):
+        assert line in report, line
+
+
+@pytest.mark.slow
+def test_gpu_check_on_a_venv_shaped_python(tmp_path):
+    """A venv with only torch & co, `make gpu-wheels` (PyPI), then the dry run offline (devkit.gpu_venv_check)."""
+    result = subprocess.run([sys.executable, "-m", "devkit.gpu_venv_check", "--keep", str(tmp_path)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "GPU-marked tests" in result.stdout

@@ -1,0 +1,204 @@
+"""The steps of `python -m bench.gpu` beyond the tests: serving against the in-process limit (bench.serving),
+a BERT-base-shaped checkpoint to serve and train, a py-spy profile of the service under load, torch.profiler's
+top kernels of one engine batch, and the trainer's tokens/s and MFU. Each returns plain JSON-able data, or
+{"error": ...} so that one failing step does not hide the others' figures."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.gpu_env import program
+from devkit.paths import REPO_ROOT, WIKITEXT_DIR
+from service.settings import DEFAULT_CHECKPOINT
+
+# What the service is measured at (issue #37): clients x sentences per request.
+LOADS = ("16x8", "64x8", "64x1")
+SYSTEMS = ("service", "service:float32", "naive")  # the service in dtype auto and float32; the transformers peer
+
+
+def base_checkpoint(work: Path, dry_run: bool) -> Path:
+    """A BERT-base-shaped checkpoint (random weights, the bundled tokenizer), built here: no download.
+    The dry run builds a tiny one of the same layout."""
+    import torch
+
+    from model import BertConfig, BertForPreTraining, load_checkpoint, save_checkpoint
+
+    tokenizer = load_checkpoint(DEFAULT_CHECKPOINT).tokenizer
+    sizes = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=1, intermediate_size=128) if dry_run else \
+        dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig(vocab_size=tokenizer.vocab_size, max_position_embeddings=512, **sizes))
+    return save_checkpoint(work / "bert-base-random", model, tokenizer,
+                           metadata={"note": "random weights in BERT-base's shape, for bench.gpu"})
+
+
+def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, service_args: str = "",
+            ceiling: bool = False, systems=SYSTEMS, loads=LOADS) -> dict:
+    """bench.serving: the service (dtype auto and float32) and the naive transformers peer, each row against
+    the in-process limit of its dtype; the clients spread over several processes (bench.load)."""
+    rows_file = work / f"serving-{checkpoint.name}.json"
+    processes = 2 if dry_run else min(8, max(2, (os.cpu_count() or 4) // 2))
+    command = [sys.executable, "-m", "bench.serving", "--checkpoint", str(checkpoint),
+               "--load", *loads, "--client-processes", str(processes),
+               "--duration", str(duration), "--sentences", "32" if dry_run else "2000",
+               "--systems", *systems, "--json", str(rows_file),
+               "--batch-sizes", *(["8"] if dry_run else ["32", "64", "128", "256"]),
+               *(["--service-args", service_args] if service_args else []), *(["--ceiling"] if ceiling else [])]
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if result.returncode:
+        return {"error": result.stderr[-1500:], "command": " ".join(command)}
+    keep = ("system", "concurrency", "inputs_per_request", "sequences_per_s", "requests_per_s", "p50_ms", "p99_ms",
+            "mean_batch", "padding", "vs_limit")
+    rows = [{k: r[k] for k in keep} for r in json.loads(rows_file.read_text())]
+    return {"rows": rows, "client_processes": processes, "seconds": round(time.perf_counter() - started, 1),
+            "service_args": service_args or "(none: the service's default --workers)"}
+
+
+def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) -> dict:
+    """py-spy over the service and all its processes while 64 clients (4 in the dry run) send 8 sentences a
+    request: the functions holding most samples, on top of the stack (self) and anywhere in it."""
+    from bench.load import drive_processes
+    from bench.serving import count_tokens, sentences
+    from devkit.server import start_service
+    from model import load_checkpoint
+
+    tokenizer = load_checkpoint(checkpoint).tokenizer
+    texts = sentences(64 if dry_run else 2000, None, tokenizer)
+    process, url = start_service(checkpoint)
+    raw = work / "py-spy.txt"
+    try:
+        spy = subprocess.Popen([program("py-spy") or "py-spy", "record", "--subprocesses", "--nonblocking",
+                                "--format", "raw", "--rate", "100", "--duration", str(int(seconds)),
+                                "--pid", str(process.pid), "--output", str(raw)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        drive_processes(url, texts, 4 if dry_run else 64, seconds + 1, count_tokens(tokenizer, texts), "encode",
+                        2 if dry_run else 8, 2 if dry_run else 4)
+        output = spy.communicate(timeout=seconds + 60)[0]
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"error": f"py-spy did not run: {error}"}
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    if spy.returncode or not raw.exists():
+        return {"error": f"py-spy exited {spy.returncode}: {output[-800:]}"}
+    return summarize_stacks(raw.read_text().splitlines())
+
+
+def summarize_stacks(lines: list[str], top: int = 15) -> dict:
+    """py-spy's raw (collapsed) stacks, "frame;frame;...;leaf COUNT", -> each function's share of the samples."""
+    own, anywhere, total = collections.Counter(), collections.Counter(), 0
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [frame.strip() for frame in stack.split(";") if frame.strip()]
+        total += int(count)
+        own[frames[-1]] += int(count)
+        for frame in set(frames):
+            anywhere[frame] += int(count)
+    def share(counter: collections.Counter) -> list[dict]:
+        return [{"function": f, "share": round(n / total, 4)} for f, n in counter.most_common(top)] if total else []
+
+    return {"samples": total, "self": share(own), "inclusive": share(anywhere)}
+
+
+def kernel_profile(checkpoint: Path, device: str, dry_run: bool) -> dict:
+    """torch.profiler over one engine batch (128 WikiText sentences, dtype auto): the kernels (CPU: the
+    operators) taking the most device time, and whether attention ran as varlen FlashAttention."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.serving import sentences
+    from model import load_checkpoint
+    from model.attention import runs_varlen
+    from service.engine.precision import choose
+    from service.engine.loader import build_engine
+    from service.tasks import EncodeItem
+
+    ckpt = load_checkpoint(checkpoint)
+    engine = build_engine(ckpt, torch.device(device), choose("auto", torch.device(device)))
+    encoded = ckpt.tokenizer.encode_batch(sentences(8 if dry_run else 128, None, ckpt.tokenizer), truncate=True)
+    batch = engine.collate([EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded])
+    for _ in range(1 if dry_run else 3):
+        engine.run(batch)  # warm-up: allocator, kernel selection
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        engine.run(batch)
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    if cuda:
+        kernels = [e for e in events if "CUDA" in str(getattr(e, "device_type", ""))]
+        timed = [(e.key, getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)), e.count)
+                 for e in kernels]
+    else:
+        timed = [(e.key, e.self_cpu_time_total, e.count) for e in events]
+    timed.sort(key=lambda t: -t[1])
+    total = sum(t[1] for t in timed) or 1
+    dtype = engine.dtype
+    return {"batch": batch.size, "real_tokens": batch.real_tokens, "padded_tokens": batch.padded_tokens,
+            "dtype": str(dtype).removeprefix("torch."), "time_us": round(total, 1),
+            "varlen_attention": runs_varlen(torch.device(device), dtype, ckpt.model.config.head_dim),
+            "top": [{"name": name[:120], "us": round(us, 1), "share": round(us / total, 4), "calls": calls}
+                    for name, us, calls in timed[:15]]}
+
+
+def training(device: str, work: Path, dry_run: bool, peak: float, base: Path) -> dict:
+    """The trainer's tokens/s and MFU (model FLOPs over the measured matmul peak): on the BERT-base shape
+    (`base`: warm-started from, so with the bundled tokenizer; bfloat16 on a GPU, torch.compile), and on
+    `make train-default`'s recipe (the bundled model's shape, batch 32, as the Makefile runs it) for the
+    wall-clock that recipe's tokens would take here."""
+    from model import load_checkpoint
+    from model.flops import model_flops_per_token
+
+    corpus, held_out = WIKITEXT_DIR / "wiki.valid.tokens", WIKITEXT_DIR / "wiki.test.tokens"
+    if dry_run:  # the first articles only: the same steps in seconds
+        corpus, held_out = work / "train.tokens", work / "eval.tokens"
+        for source, target in ((WIKITEXT_DIR / "wiki.valid.tokens", corpus),
+                               (WIKITEXT_DIR / "wiki.test.tokens", held_out)):
+            target.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:120]))
+    gpu = device.startswith("cuda")
+    seq_len = 64 if dry_run else 128
+    runs = {  # name: (checkpoint warm-started from, steps, batch, flags)
+        "bert-base": (base, 2 if dry_run else 80, 8 if dry_run else 256,
+                      ["--precision", "bfloat16" if gpu else "float32"] + (["--compile"] if gpu else [])),
+        "train-default": (DEFAULT_CHECKPOINT, 2 if dry_run else 100, 8 if dry_run else 32,
+                          ["--preserve-embeddings", "100", "--preserve-over", "clean", "--encoder-lr-scale", "0.1",
+                           "--dropout", "0", "--mask-rate", "0.2", "--lr", "6e-4", "--warmup-fraction", "0.02"]),
+    }
+    results = {}
+    for name, (start, steps, batch, flags) in runs.items():
+        output = work / f"train-{name}"
+        command = [sys.executable, "-m", "trainer", "--corpus", str(corpus), "--eval-corpus", str(held_out),
+                   "--output", str(output), "--init-from", str(start), "--max-seq-len", str(seq_len),
+                   "--batch-size", str(batch), "--max-steps", str(steps), "--eval-every", str(steps),
+                   "--eval-examples", "16" if dry_run else "64", "--log-every", "2" if dry_run else "10",
+                   "--no-progress",
+                   "--cache-dir", str(work / "cache"), "--device", device, *flags]
+        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+        if result.returncode:
+            results[name] = {"error": result.stderr[-1500:]}
+            continue
+        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+        speeds = speeds[len(speeds) // 3:] or speeds  # past compilation and warm-up
+        tokens_per_s = sum(speeds) / max(len(speeds), 1)
+        config = load_checkpoint(start).model.config
+        model_tflops = tokens_per_s * 3 * model_flops_per_token(config, seq_len, 0.15) / 1e12
+        results[name] = {"tokens_per_s": round(tokens_per_s, 1), "model_tflops": round(model_tflops, 3),
+                         "mfu_vs_measured_peak": round(model_tflops / peak, 4), "steps": steps, "batch": batch,
+                         "hidden": config.hidden_size, "layers": config.num_hidden_layers, "flags": flags}
+    recipe = results.get("train-default", {})
+    if "tokens_per_s" in recipe:  # the bundled model's own training: tokens it saw over this rate
+        progress = json.loads((DEFAULT_CHECKPOINT / "training_metadata.json").read_text())["progress"]
+        recipe["recipe_tokens"] = progress["tokens_seen"]
+        recipe["recipe_hours_here"] = round(progress["tokens_seen"] / recipe["tokens_per_s"] / 3600, 3)
+    return results

@@ -1,0 +1,72 @@
+"""Attention over a packed batch (see model.packing): which kernel runs where, and the two that need code of
+their own. The padded path (one SDPA call over the (B, T) layout with a key mask) stays in model.bert.
+
+- CUDA, bfloat16/float16, PyTorch >= 2.10: `torch.nn.attention.varlen.varlen_attn`, FlashAttention over the
+  packed sequences with their cumulative lengths. No padding, no mask: one 300-piece sentence no longer pads
+  60 short ones, so the batcher may mix lengths freely (`attention_pads` is False).
+- CPU at inference: one SDPA call per sequence when that costs less than one padded call
+  (Packing.attend_each_on_cpu).
+- Elsewhere (float32 on CUDA, older torch, training with attention dropout): the padded call. Padding costs
+  attention work there, and the batcher's padding cap (max_padding_fraction) keeps long and short apart.
+
+Shapes: N packed tokens, H hidden size, nh heads, hd head size, L one sequence's length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from model.packing import Packing
+
+try:  # PyTorch >= 2.10
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # older torch: the padded path everywhere on CUDA
+    varlen_attn = None
+
+# FlashAttention computes in half precision only, on head sizes that are multiples of 8 up to 256.
+VARLEN_DTYPES = (torch.bfloat16, torch.float16)
+VARLEN_MAX_HEAD_DIM = 256
+
+
+def runs_varlen(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether packed attention on `device` in `dtype` runs as FlashAttention over the packed sequences."""
+    return (varlen_attn is not None and torch.device(device).type == "cuda" and dtype in VARLEN_DTYPES
+            and head_dim % 8 == 0 and head_dim <= VARLEN_MAX_HEAD_DIM)
+
+
+def attention_pads(device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> bool:
+    """Whether packed attention (at inference) may compute padding on this device and dtype: what the
+    batcher prices. False where varlen runs: a batch of any mix of lengths wastes nothing. True elsewhere;
+    on CPU `Packing.attend_each_on_cpu` then decides batch by batch whether the padded call runs."""
+    return not runs_varlen(device, dtype, head_dim)
+
+
+def attend_varlen(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Packed (N, 3H) query | key | value -> (N, H), each sequence attending to itself alone."""
+    tokens = qkv.shape[0]
+    # Three strided (N, nh, hd) views, no copies: FlashAttention needs only the last dimension contiguous.
+    q, k, v = qkv.view(tokens, 3, num_heads, head_dim).unbind(1)
+    # Positional arguments only: 2.10 has `is_causal` after max_k, 2.11+ keyword-only options.
+    out = varlen_attn(q, k, v, packing.cu_seqlens, packing.cu_seqlens, packing.max_length, packing.max_length)
+    return out.reshape(tokens, num_heads * head_dim)
+
+
+def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Packed (N, 3H) query | key | value -> (N, H), one attention call per sequence, unpadded.
+
+    On CPU, padded attention costs B * T^2 where the sequences need only the sum of their L^2: for 20
+    wiki.test sentences one layer's padded call took 5.1 ms on one core, 20 per-sequence calls 1.5 ms
+    (Packing.attend_each_on_cpu weighs the two). On a GPU one padded call wins (launch costs).
+    """
+    hidden = num_heads * head_dim
+    # CPU attention runs faster in float32 than in bfloat16 at these lengths, enough to pay for the
+    # two conversions: bf16 model 241 -> 249 seq/s on one core (BENCHMARKS.md, issue #15).
+    dtype = qkv.dtype
+    qkv = qkv.float()
+    out = qkv.new_empty(qkv.shape[0], hidden)
+    for start, length in packing.spans:
+        # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies.
+        q, k, v = qkv[start:start + length].view(1, length, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+        out[start:start + length] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(length, hidden)
+    return out.to(dtype)

@@ -1,0 +1,83 @@
+"""The wheel list for a GPU machine (requirements/gpu-extra.txt, `make gpu-wheels`) is complete: every
+third-party package that what bench.gpu runs imports (service/, model/, trainer/, the benchmarks, the GPU-marked
+tests), and everything those packages require at serve.txt's pins, is either on the list or among the GPU
+machine's own packages (bench.gpu_env.MACHINE_PACKAGES). FastAPI 0.165's import of opentelemetry-api was
+missed once: bench.gpu stopped at `import fastapi` on the GPU machine."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as metadata
+import re
+import sys
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+
+from bench.gpu_env import MACHINE_PACKAGES, NEEDED_MODULES
+from devkit.paths import REPO_ROOT
+
+# What bench.gpu runs on the GPU machine.
+RUN_THERE = ["service", "model", "trainer", "devkit/server.py", "devkit/paths.py", "tests/gpu", "bench/gpu.py",
+             "bench/gpu_env.py", "bench/gpu_steps.py", "bench/serving.py", "bench/load.py", "bench/naive_peer.py"]
+GPU_PYTHON = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3", "extra": ""}
+OURS = {"bench", "devkit", "model", "service", "trainer", "tests"}
+
+
+def normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: str) -> dict[str, str]:
+    lines = (REPO_ROOT / "requirements" / path).read_text().splitlines()
+    return {normal(name): version for name, _, version in
+            (line.split("#")[0].strip().partition("==") for line in lines) if version}
+
+
+def imported_top_levels() -> set[str]:
+    files = [f for entry in RUN_THERE for f in ([REPO_ROOT / entry] if entry.endswith(".py")
+                                                 else (REPO_ROOT / entry).rglob("*.py")) if f.exists()]
+    found = set()
+    for file in files:
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return {name for name in found if name not in sys.stdlib_module_names and name not in OURS}
+
+
+def test_every_imported_package_travels_or_is_there():
+    carried = set(pins("gpu-extra.txt"))
+    distributions = metadata.packages_distributions()
+    absent = {}
+    for module in imported_top_levels() | {m.split(".")[0] for m in NEEDED_MODULES}:
+        names = {normal(d) for d in distributions.get(module, [module])}
+        if not names & (carried | MACHINE_PACKAGES):
+            absent[module] = sorted(names)
+    assert not absent, f"add to requirements/gpu-extra.txt (at serve.txt's pins): {absent}"
+
+
+def test_the_list_is_closed_under_its_requirements():
+    carried = pins("gpu-extra.txt")
+    unmet = {}
+    for name in carried:
+        try:
+            requirements = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here (py-spy at another version is fine: it has none)
+        for text in requirements:
+            requirement = Requirement(text)
+            if requirement.marker and not requirement.marker.evaluate(GPU_PYTHON):
+                continue
+            if normal(requirement.name) not in set(carried) | MACHINE_PACKAGES:
+                unmet.setdefault(name, []).append(text)
+    assert not unmet, f"requirements of the listed wheels that neither travel nor are there: {unmet}"
+
+
+def test_pins_match_the_service_lock():
+    serve, carried = pins("serve.txt"), pins("gpu-extra.txt")
+    differ = {n: (v, serve[n]) for n, v in carried.items() if n in serve and serve[n] != v}
+    assert not differ, f"gpu-extra.txt pins that differ from serve.txt: {differ}"
+    assert {"opentelemetry-api", "pyzmq", "msgpack", "py-spy", "fastapi", "uvicorn"} <= set(carried)
