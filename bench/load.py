@@ -38,7 +38,12 @@ def infinity_request(model: str):
     return lambda texts: ("/embeddings", {"model": model, "input": texts})
 
 
-REQUESTS = {"encode": encode_request, "live": live_request}
+def embed_request(texts: list[str]) -> tuple[str, dict | None]:
+    """TEI's /embed: the route the front-end cost benchmark (bench.server_cpu) drives."""
+    return "/embed", {"inputs": one_or_many(texts)}
+
+
+REQUESTS = {"encode": encode_request, "embed": embed_request, "live": live_request}
 
 
 async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],

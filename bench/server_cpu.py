@@ -12,7 +12,6 @@ requests per second one process can take; the model's own cost is measured by be
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -22,7 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
-from bench.serving import drive, sentences
+from bench.load import drive_processes
+from bench.serving import sentences
 from devkit.server import start_service
 from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
@@ -83,13 +83,12 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
 
 
 def measure(url: str, root: int, texts: list[str], concurrency: int, per_request: int, seconds: float,
-            workers: int) -> Row:
+            workers: int, client_processes: int) -> Row:
     counts = {t: 1 for t in texts}
-    request = lambda chosen: ("/embed", {"inputs": chosen[0] if len(chosen) == 1 else chosen})  # noqa: E731
-    asyncio.run(drive(url, texts, concurrency, 2.0, counts, request, per_request))  # warm-up
+    drive_processes(url, texts, concurrency, 2.0, counts, "embed", per_request, client_processes)  # warm-up
     before = cpu_seconds(process_tree(root))
-    latencies, sentences_sent, _, wall = asyncio.run(drive(url, texts, concurrency, seconds, counts, request,
-                                                           per_request))
+    latencies, sentences_sent, _, wall = drive_processes(url, texts, concurrency, seconds, counts, "embed",
+                                                         per_request, client_processes)
     after = cpu_seconds(process_tree(root))
     used = sum(after[pid] - before.get(pid, 0.0) for pid in after)  # a process that ended took its share along
     latencies.sort()
@@ -104,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inputs-per-request", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--client-processes", type=int, default=2, help="load-generator processes")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="more flags for the service")
     args = parser.parse_args(argv)
@@ -114,18 +114,20 @@ def main(argv: list[str] | None = None) -> int:
         texts = sentences(2000, None, None)
         rows = []
         for workers in args.workers:
-            process, url = start_service(checkpoint, *((["--workers", str(workers)]) if workers >= 0 else []), *args.server_args)
+            process, url = start_service(checkpoint, "--workers", str(workers), *args.server_args)
             try:
                 for per_request in args.inputs_per_request:
-                    rows.append(measure(url, process.pid, texts, args.concurrency, per_request, args.seconds, workers))
+                    rows.append(measure(url, process.pid, texts, args.concurrency, per_request, args.seconds, workers,
+                                        args.client_processes))
                     print(json.dumps(asdict(rows[-1])), flush=True)
             finally:
                 process.terminate()
                 process.wait(60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.concurrency} clients "
-          f"sharing the machine with the server; server CPU counted over all its processes\n")
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.concurrency} clients in "
+          f"{args.client_processes} processes sharing the machine with the server; server CPU counted over all its "
+          "processes\n")
     print("| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | cores busy | p50 ms | p99 ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:

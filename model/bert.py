@@ -78,7 +78,7 @@ class BertSelfAttention(nn.Module):
                 torch.cat((self.query(x), self.key(x), self.value(x)), -1)
             if not (self.training and self.dropout_prob > 0) and runs_varlen(qkv.device, qkv.dtype, self.head_dim):
                 return attend_varlen(qkv, packing, self.num_heads, self.head_dim)  # no padding at all
-            if qkv.device.type == "cpu" and not self.training and packing.attend_each_on_cpu:
+            if qkv.device.type == "cpu" and not self.training and packing.attend_each_on_cpu(qkv.shape[-1] // 3):
                 return attend_each(qkv, packing, self.num_heads, self.head_dim)
             q, k, v = packing.pad(qkv).chunk(3, -1)
             return packing.unpad(self._attend(q, k, v, packing.key_mask))

@@ -50,9 +50,13 @@ class Packing:
         return self.width
 
     @cached_property
-    def attend_each_on_cpu(self) -> bool:
-        """On CPU, whether one attention call per sequence (on its span) costs less than one padded call."""
-        return self.key_mask is not None and attends_each_on_cpu(self.batch, self.width, sum(n * n for _, n in self.spans))
+    def real_squares(self) -> int:
+        return sum(n * n for _, n in self.spans)
+
+    def attend_each_on_cpu(self, hidden: int) -> bool:
+        """On CPU, whether one attention call per sequence (on its span) costs less than one padded call, for
+        attention `hidden` wide (heads x head size)."""
+        return self.key_mask is not None and attends_each_on_cpu(self.batch, self.width, self.real_squares, hidden)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
         if device.type == "cpu":  # built on the CPU: nothing to move (five no-op copies cost tens of us a batch)
@@ -75,13 +79,16 @@ class Packing:
         return padded.reshape(self.batch * self.width, -1).index_select(0, self.indices)
 
 
-def attends_each_on_cpu(count: int, longest: int, real_squares: int) -> bool:
+def attends_each_on_cpu(count: int, longest: int, real_squares: int, hidden: int = 384) -> bool:
     """Whether, on CPU, attention over `count` sequences (the longest `longest` tokens, their squared
-    lengths summing to `real_squares`) costs less as one call per sequence than as one padded call.
+    lengths summing to `real_squares`) `hidden` wide costs less as one call per sequence than as one
+    padded call.
 
-    CPU attention of one (L, L) sequence costs about 10 us + 0.026 us * L^2 on one core (12 heads of
-    32), each call from Python about 8 us more; so, in units of 0.026 us, a padded call over B rows of
-    width T costs B * (400 + T^2) and the per-sequence calls sum(700 + L^2). Short sequences of nearly
-    equal lengths stay in one call; typical mixed batches split.
+    CPU attention of one (L, L) sequence costs about 10 us + 0.026 us * L^2 on one core at 384 wide (12
+    heads of 32; the L^2 part grows with the width), each call from Python about 8 us more; so, in units
+    of 0.026 us and with r = hidden / 384, a padded call over B rows of width T costs B * (400 + r T^2)
+    and the per-sequence calls sum(700 + r L^2). Short sequences of nearly equal lengths, and narrow
+    models, stay in one call; typical mixed batches of wide models split.
     """
-    return 700 * count + real_squares < count * (400 + longest * longest)
+    r = hidden / 384
+    return 700 * count + r * real_squares < count * (400 + r * longest * longest)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tokenizers import (
     AddedToken,
-    Encoding,
     Tokenizer,
     decoders,
     models,
@@ -40,9 +39,14 @@ class TokenizerError(ValueError):
 class EncodedText:
     ids: list[int]
     type_ids: list[int]
-    tokens: list[str]
     offsets: list[tuple[int, int]]
     truncated: bool
+    vocab: Sequence[str]  # the tokenizer's, id -> token
+
+    @property
+    def tokens(self) -> list[str]:
+        """The token strings, read off the vocabulary when asked (most requests never show them)."""
+        return [self.vocab[i] for i in self.ids]
 
 
 def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> None:
@@ -208,11 +212,10 @@ class WordPieceTokenizer:
         without it, nothing is cut (callers check length). Character `offsets` cost about a fifth
         of the encoding (tokenizers' encode_batch_fast skips them): without them they are all (0, 0)."""
         backend = (self._truncating if direction == "right" else self._truncating_left) if truncate else self._backend
-        if offsets:
-            return [_to_encoded(e) for e in backend.encode_batch(list(inputs), add_special_tokens=True)]
-        vocab = self.vocab  # encode_batch_fast leaves the token strings empty too: read them off the ids
-        return [_to_encoded(e, [vocab[i] for i in e.ids])
-                for e in backend.encode_batch_fast(list(inputs), add_special_tokens=True)]
+        encode = backend.encode_batch if offsets else backend.encode_batch_fast
+        vocab = self.vocab
+        return [EncodedText(e.ids, e.type_ids, e.offsets, bool(e.overflowing), vocab)
+                for e in encode(list(inputs), add_special_tokens=True)]
 
     def tokenize_words(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids without special tokens, for building training examples."""
@@ -224,11 +227,6 @@ class WordPieceTokenizer:
     def fingerprint(self) -> str:
         """A stable hash of the whole tokenizer definition (for cache keys)."""
         return hashlib.sha256(self._backend.to_str().encode()).hexdigest()[:16]
-
-
-def _to_encoded(e: Encoding, tokens: list[str] | None = None) -> EncodedText:
-    return EncodedText(ids=e.ids, type_ids=e.type_ids, tokens=e.tokens if tokens is None else tokens,
-                       offsets=e.offsets, truncated=bool(e.overflowing))
 
 
 def _require_wordpiece(backend: Tokenizer, path: Path) -> Tokenizer:

@@ -94,7 +94,8 @@ class Engine:
         `packed_batch_flops`. The batcher prices candidate batches with all layers, not knowing their kinds."""
         # No padding where attention runs on packed sequences (varlen on CUDA) or one sequence at a time (CPU).
         per_sequence = not attention_pads(self.device, self.dtype, self.model.config.head_dim) or \
-            (self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares))
+            (self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares,
+                                                                self.model.config.hidden_size))
         return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence, layers)
 
     def collate(self, items: list[Item]) -> Batch:

@@ -16,7 +16,7 @@ from typing import TypeVar
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
-from model.tokenizer import WordPieceTokenizer
+from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
 from service.frontend.link import EngineLink
 from service.frontend.inputs import (
@@ -50,8 +50,16 @@ INLINE_TOKENIZE_CHARS = 4096
 
 @dataclass
 class EncodeOutput:
-    tokens: list[str]
+    encoded: EncodedText
     result: TokenVectors | PooledVector
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.encoded.tokens
+
+    @property
+    def token_count(self) -> int:
+        return len(self.encoded.ids)
 
 
 @dataclass
@@ -117,12 +125,12 @@ class FrontDoor:
             raise ServiceError("validation", f"dimensions must be between 1 and this model's width {self.width}, "
                                              f"got {dimensions}", param="dimensions")
         shortened = dimensions is not None and dimensions < self.width and pooling != "none"
-        items, tokens = await self._tokenize(inputs, lambda: encode_items(
+        items, encoded = await self._tokenize(inputs, lambda: encode_items(
             self.tokenizer, inputs, pooling, normalize and not shortened, prep, self.limits, field))
         results = await self._compute(items, gone)
         if shortened:
             results = [PooledVector(_shorten(r.vector, dimensions, normalize)) for r in results]
-        return [EncodeOutput(t, r) for t, r in zip(tokens, results)]
+        return [EncodeOutput(e, r) for e, r in zip(encoded, results)]
 
     async def classify(self, entries: list, prep: Preparation, gone: Waiter = None,
                        field: str = "inputs") -> list[np.ndarray]:

@@ -101,7 +101,7 @@ def _from_ids(tokenizer: WordPieceTokenizer, ids: list[int], index: int, prep: P
     limit = tokenizer.model_max_length
     if prep.truncate and len(ids) > limit:
         ids = ids[:limit] if prep.direction == "right" else ids[-limit:]
-    return EncodedText(ids=list(ids), type_ids=[0] * len(ids), tokens=[tokenizer.id_to_token(i) for i in ids],
+    return EncodedText(ids=list(ids), type_ids=[0] * len(ids), vocab=tokenizer.vocab,
                        offsets=[(0, 0)] * len(ids), truncated=False)
 
 
@@ -116,13 +116,13 @@ def _as_entries(inputs) -> list:
 
 
 def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: Pooling, normalize: bool, prep: Preparation,
-                 limits: Limits, field: str = "inputs") -> tuple[list[EncodeItem], list[list[str]]]:
-    """Items, and each input's tokens as text. `field` names the inputs in error messages."""
+                 limits: Limits, field: str = "inputs") -> tuple[list[EncodeItem], list[EncodedText]]:
+    """Items, and each input's encoding (its tokens as text, when asked). `field` names the inputs in errors."""
     entries = _as_entries(inputs)
     _check_texts(entries, limits, field)
     encoded = _encode(tokenizer, entries, prep, field)
     items = [EncodeItem(e.ids, e.type_ids, pooling=pooling, normalize=normalize) for e in encoded]
-    return items, [e.tokens for e in encoded]
+    return items, encoded
 
 
 def sparse_items(tokenizer: WordPieceTokenizer, inputs, prep: Preparation, limits: Limits) -> list[SparseItem]:

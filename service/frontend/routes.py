@@ -82,7 +82,7 @@ async def encode(body: EncodeRequest, request: Request, door: Door, state: State
         "model": state.model_name,
         "dim": state.checkpoint.config.hidden_size,
         "results": [encode_result(o, body.encoding_format) for o in outputs],
-        "usage": {"input_tokens": sum(len(o.tokens) for o in outputs)},
+        "usage": {"input_tokens": sum(o.token_count for o in outputs)},
     })
 
 

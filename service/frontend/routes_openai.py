@@ -41,7 +41,7 @@ async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, door: Door
         vector = output.result.vector
         data.append({"object": "embedding", "index": index,
                      "embedding": b64_floats(vector) if body.encoding_format == "base64" else vector})
-    tokens = sum(len(o.tokens) for o in outputs)
+    tokens = sum(o.token_count for o in outputs)
     return json_response({"object": "list", "data": data, "model": state.model_name,
                           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 

@@ -85,8 +85,9 @@ def test_padding_invariance():
                                                   ((40, 7, 23, 3, 31), True)])
 def test_packed_forward_equals_padded(lengths, attend_each):
     """The padding-free path (token-wise layers on real tokens only; on CPU, attention either padded or
-    per sequence, as Packing weighs it) gives the padded path's answers."""
-    model = random_model(VOCAB)
+    per sequence, as Packing weighs it) gives the padded path's answers. The model is as wide as MiniLM's
+    attention, where the choice is between both paths at these lengths."""
+    model = random_model(VOCAB, hidden_size=384, num_attention_heads=12)
     g = torch.Generator().manual_seed(3)
     width = max(lengths)
     ids = torch.zeros(len(lengths), width, dtype=torch.long)
@@ -97,7 +98,7 @@ def test_packed_forward_equals_padded(lengths, attend_each):
         types[row, n // 2 : n] = 1
         mask[row, :n] = 1
     packing = Packing.from_lengths(list(lengths))
-    assert packing.attend_each_on_cpu is attend_each
+    assert packing.attend_each_on_cpu(model.config.hidden_size) is attend_each
     real = mask.bool()
     assert packing.indices.tolist() == real.reshape(-1).nonzero().squeeze(1).tolist()
     with torch.no_grad():
@@ -117,6 +118,7 @@ def test_attention_per_sequence_prices_no_padding():
     assert attends_each_on_cpu(count, longest, squares)
     assert not attends_each_on_cpu(3, 9, 3 * 81)  # equal lengths: one call, nothing padded
     assert not attends_each_on_cpu(4, 6, 25 + 36 + 16 + 36)  # short and nearly equal: one padded call is cheaper
+    assert not attends_each_on_cpu(count, longest, squares, hidden=32)  # a narrow model: attention is cheap per pair
     total, padding = packed_batch_flops(config, count, longest, real, squares, attention_per_sequence=True)
     padded_total, padded_padding = packed_batch_flops(config, count, longest, real, squares)
     assert padding == 0 and padded_padding > 0
