@@ -43,7 +43,7 @@ def in_process(checkpoint: Path, texts: list[str]) -> list[dict]:
     from model import load_checkpoint
     from model.device import pick_device
     from service.engine.precision import choose
-    from service.frontend.runtime import build_engine
+    from service.engine.loader import build_engine
     from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)

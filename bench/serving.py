@@ -133,7 +133,7 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
     from model import load_checkpoint
     from model.device import keep_freed_memory, pick_device
     from service.engine.precision import choose
-    from service.frontend.runtime import build_engine
+    from service.engine.loader import build_engine
     from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)
