@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
             "service_args": service_args or "(none: the service's default --workers)"}
 
 
+LOAD_START_S = 4.0  # the load generator's processes start and warm up before py-spy records
+
+
 def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) -> dict:
     """py-spy over the service and all its processes while 64 clients (4 in the dry run) send 8 sentences a
     request: the functions holding most samples, on top of the stack (self) and anywhere in it."""
@@ -73,14 +77,20 @@ def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) 
     texts = sentences(64 if dry_run else 2000, None, tokenizer)
     process, url = start_service(checkpoint)
     raw = work / "py-spy.txt"
+    # The clients run for the whole recording: their processes take a few seconds to start and warm up
+    # (py-spy leaves idle samples out, so a recording of an idle server has none).
+    load = threading.Thread(target=drive_processes, args=(
+        url, texts, 4 if dry_run else 64, seconds + LOAD_START_S + 2, count_tokens(tokenizer, texts), "encode",
+        2 if dry_run else 8, 2 if dry_run else 4))
     try:
-        spy = subprocess.Popen([program("py-spy") or "py-spy", "record", "--subprocesses", "--nonblocking",
-                                "--format", "raw", "--rate", "100", "--duration", str(int(seconds)),
-                                "--pid", str(process.pid), "--output", str(raw)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        drive_processes(url, texts, 4 if dry_run else 64, seconds + 1, count_tokens(tokenizer, texts), "encode",
-                        2 if dry_run else 8, 2 if dry_run else 4)
-        output = spy.communicate(timeout=seconds + 60)[0]
+        load.start()
+        time.sleep(LOAD_START_S)
+        spy = subprocess.run([program("py-spy") or "py-spy", "record", "--subprocesses", "--nonblocking",
+                              "--format", "raw", "--rate", "100", "--duration", str(int(seconds)),
+                              "--pid", str(process.pid), "--output", str(raw)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds + 60)
+        output = spy.stdout
+        load.join()
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": f"py-spy did not run: {error}"}
     finally:
