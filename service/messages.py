@@ -44,9 +44,9 @@ from service.tasks import (
 
 @dataclass
 class Hello:
-    """A front end announces itself (at start and after the engine restarts); the engine answers with Status."""
+    """A front end announces itself until it hears a Status back (its subscription works)."""
 
-    worker: int
+    worker: int  # the front end's pid, for the engine's log
 
 
 @dataclass

@@ -50,8 +50,18 @@ def auto_workers(device: str) -> int:
 
     if pick_device(device).type == "cpu":
         return 0
+    return max(2, min(8, (usable_cores() - 2) // 2))
+
+
+def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use: its CPU affinity, capped by a cgroup v2 quota (a container's CPU limit,
+    which affinity does not show: a pod limited to 4 cores on a 64-core node sees 64)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    return max(2, min(8, (cores - 2) // 2))
+    try:
+        quota, period = cpu_max.read_text().split()
+    except (OSError, ValueError):
+        return cores
+    return cores if quota == "max" else max(1, min(cores, int(int(quota) / int(period))))
 
 
 class Supervisor:

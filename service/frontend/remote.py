@@ -64,6 +64,7 @@ class RemoteLink:
         self._ids = itertools.count()
         self._failure: str | None = None
         self._status: asyncio.Future | None = None  # the first ready/failed Status
+        self._heard = False  # whether any Status has arrived (the subscription works)
         self._outgoing: list[bytes] = []  # messages of this pass of the event loop, sent together
 
     async def start(self, checkpoint: Path) -> ModelFacts:
@@ -83,7 +84,8 @@ class RemoteLink:
         if self.engine_pid is not None:
             self._watch_engine(loop)
         while not self._status.done():
-            self.send(Hello(worker=os.getpid()))
+            if not self._heard:  # once subscribed, every change of the engine's state reaches this front end
+                self.send(Hello(worker=os.getpid()))
             await asyncio.wait([self._status], timeout=HELLO_EVERY_S)
         status: Status = self._status.result()
         if status.state != "ready":
@@ -142,6 +144,7 @@ class RemoteLink:
             pending.result.set_result(results)
 
     def _on_status(self, status: Status) -> None:
+        self._heard = True
         self.detail = status.detail
         if status.state == "failed":
             self._failure = f"the model failed to load: {status.detail}"

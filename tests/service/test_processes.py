@@ -235,7 +235,26 @@ def test_a_model_that_cannot_load_stops_the_server_with_its_reason(tmp_path, tin
     assert "Traceback" not in result.stderr
 
 
-def test_workers_setting():
+def test_usable_cores_follow_a_containers_cpu_limit(tmp_path):
+    from service.supervisor import usable_cores
+
+    limit = tmp_path / "cpu.max"
+    limit.write_text("100000 100000\n")  # a 1-core limit
+    assert usable_cores(limit) == 1
+    limit.write_text("max 100000\n")
+    assert usable_cores(limit) == len(os.sched_getaffinity(0))
+    assert usable_cores(tmp_path / "absent") == len(os.sched_getaffinity(0))
+
+
+def test_workers_setting(monkeypatch):
+    from service import supervisor
+
+    assert supervisor.auto_workers("cpu") == 0  # a CPU host: one process
+    monkeypatch.setattr(supervisor, "usable_cores", lambda: 16)
+    monkeypatch.setattr("model.device.pick_device", lambda name: __import__("torch").device("cuda:0"))
+    assert supervisor.auto_workers("cuda") == 7  # one per two cores beyond the engine's
+    monkeypatch.setattr(supervisor, "usable_cores", lambda: 4)
+    assert supervisor.auto_workers("cuda") == 2
     assert Settings(workers="3").workers == 3
     assert Settings().workers == "auto"
     with pytest.raises(ValueError, match="workers must be auto"):
