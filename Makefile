@@ -20,11 +20,11 @@ help:
 	@echo "make test       run the test suite (what CI runs)"
 	@echo "make test-slow  also run the slow tests (overload burst, long fuzz)"
 	@echo "make bench-report  the benchmark report: measures, redraws docs/bench-*.png and BENCHMARKS.md's tables (~20 min)"
-	@echo "make bench      one serving benchmark (bench/serving.py, ARGS='--concurrency 1 8 ...')"
+	@echo "make bench      one serving benchmark (bench/serving/throughput.py, ARGS='--concurrency 1 8 ...')"
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
 	@echo "make audit      pip-audit over the pinned dependencies"
-	@echo "make gpu-wheels then make bench-gpu  prove the GPU path on a CUDA machine (bench/gpu.py; offline, < 10 min)"
+	@echo "make gpu-wheels then make bench-gpu  prove the GPU path on a CUDA machine (bench/gpu/; offline, < 10 min)"
 	@echo "make test-docker  build the images, run compose (CPU) and the scale profile against a real Docker engine"
 	@echo "make train-default  re-train and export the bundled model (a warm start from all-MiniLM-L6-v2, hours on 2 CPU cores, resumable)"
 	@echo "make train-mini-scratch  the earlier from-scratch recipe (4 h in two stages), the baseline it is compared with"
@@ -139,7 +139,7 @@ train-mini-scratch: $(SERVE_STAMP)
 retention-curve: $(DEV_STAMP)
 	$(BIN)/python -m bench.quality.retention_curve --work $(RUNS)/retention-curve $(ARGS)
 
-# The GPU path in one command (bench/gpu.py): on a CUDA machine, offline, under 8 minutes. Fetch its wheels first,
+# The GPU path in one command (bench/gpu/): on a CUDA machine, offline, under 8 minutes. Fetch its wheels first,
 # on a machine with a network, for the GPU machine's Python (3.12 on the lent machines; GPU_PYTHON=3.11 for a check
 # on this machine's Python, tests/bench/test_gpu_venv.py): under 64 MiB in .whl/gpu.
 GPU_PYTHON ?= 3.12

@@ -1,7 +1,7 @@
 """The wheel list for a GPU machine (requirements/gpu-extra.txt, `make gpu-wheels`) is complete: every
 third-party package that what bench.gpu runs imports (service/, model/, trainer/, the benchmarks, the GPU-marked
 tests), and everything those packages require at serve.txt's pins, is either on the list or among the GPU
-machine's own packages (bench.gpu_env.MACHINE_PACKAGES). FastAPI 0.165's import of opentelemetry-api was
+machine's own packages (bench.gpu.env.MACHINE_PACKAGES). FastAPI 0.165's import of opentelemetry-api was
 missed once: bench.gpu stopped at `import fastapi` on the GPU machine."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import ast
 import importlib.metadata as metadata
 import re
 import sys
-from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
-from bench.gpu_env import MACHINE_PACKAGES, NEEDED_MODULES
+from bench.gpu.env import MACHINE_PACKAGES, NEEDED_MODULES
 from devkit.paths import REPO_ROOT
 
 # What bench.gpu runs on the GPU machine.
-RUN_THERE = ["service", "model", "trainer", "devkit/server.py", "devkit/paths.py", "tests/gpu", "bench/gpu.py",
-             "bench/gpu_env.py", "bench/gpu_steps.py", "bench/serving.py", "bench/load.py", "bench/naive_peer.py"]
+RUN_THERE = ["service", "model", "trainer", "devkit/server.py", "devkit/paths.py", "tests/gpu", "bench/gpu",
+             "bench/serving/__main__.py", "bench/serving/throughput.py", "bench/serving/load.py",
+             "bench/serving/naive_peer.py"]
 GPU_PYTHON = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3", "extra": ""}
 OURS = {"bench", "devkit", "model", "service", "trainer", "tests"}
 # Imported only on model.hub's download path (serving a Hub id, which needs a network the GPU machine does not
@@ -49,6 +49,12 @@ def imported_top_levels() -> set[str]:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
     return {name for name in found if name not in sys.stdlib_module_names and name not in OURS | DOWNLOAD_ONLY}
+
+
+def test_the_list_of_what_runs_there_names_files_that_exist():
+    # imported_top_levels skips an entry it cannot find: without this, a moved module would drop out of the
+    # check unnoticed.
+    assert [entry for entry in RUN_THERE if not (REPO_ROOT / entry).exists()] == []
 
 
 def test_every_imported_package_travels_or_is_there():

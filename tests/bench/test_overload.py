@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import overload
+from bench.serving import overload
 from service.settings import DEFAULT_CHECKPOINT
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from bench.report import BEGIN, END, write_benchmarks
+from bench.report.build import BEGIN, END, write_benchmarks
 from devkit.paths import REPO_ROOT
 
 

@@ -31,7 +31,7 @@ def test_serving_benchmark_runs_every_system(tiny_checkpoint, tmp_path):
 def test_cpu_budget_accounts_for_the_machine(tiny_checkpoint):
     """The CPU budget names the load generator, the server's threads (runners by name) and idle time,
     and what it accounts for cannot exceed the machine."""
-    from bench.cpu_budget import measure
+    from bench.serving.cpu_budget import measure
 
     result = measure(tiny_checkpoint, concurrency=2, inputs_per_request=2, seconds=1.0)
     assert result["sequences_per_s"] > 0 and result["mean_batch"] >= 1
@@ -43,7 +43,7 @@ def test_cpu_budget_accounts_for_the_machine(tiny_checkpoint):
 def test_cpu_ceiling_reports_every_precision_and_restores_int8(tiny_checkpoint, capsys):
     """The ceiling benchmark prints a row per precision plus the free-quantization bound, and puts the
     real int8 layer back afterwards (its timing-only stand-in computes wrong values)."""
-    from bench.cpu_ceiling import main
+    from bench.precision.cpu_ceiling import main
     from model.quantize import Int8GeluIntermediate, Int8Linear
 
     real_forwards = Int8Linear.forward, Int8GeluIntermediate.forward

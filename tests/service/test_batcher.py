@@ -93,7 +93,7 @@ def test_compute_threads_run_at_the_asked_niceness():
             time.sleep(0.01)  # each thread sets its own priority as it starts
         assert [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in runners] == [max(base, 7)] * 2
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
-        # ... and carry their names at the OS level, for top -H, py-spy and bench.cpu_budget
+        # ... and carry their names at the OS level, for top -H, py-spy and bench.serving.cpu_budget
         os_names = {Path(f"/proc/self/task/{t.native_id}/comm").read_text().strip() for t in runners}
         assert os_names == {"bert-runner-0", "bert-runner-1"}
     finally:

@@ -14,7 +14,7 @@ then one JSON and one Markdown summary in --out.
 
 It uses the torch it finds (2.1 or newer; varlen attention needs 2.10). What such a machine lacks (FastAPI, uvicorn,
 pyzmq, py-spy, ...: requirements/gpu-extra.txt) comes from .whl/gpu, filled beforehand by `make gpu-wheels`
-on a machine with a network; bench.gpu_env installs it with `pip --target` and re-runs this with PYTHONPATH.
+on a machine with a network; bench.gpu.env installs it with `pip --target` and re-runs this with PYTHONPATH.
 
 `--dry-run` runs every step on the CPU with small sizes, so that the path is exercised by the test suite.
 """
@@ -33,7 +33,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from bench.gpu_env import ensure_packages, program
+from bench.gpu.env import ensure_packages, program
 from devkit.paths import REPO_ROOT
 
 MIN_TORCH = (2, 1)
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ensure_packages(argv)
     import torch
 
-    from bench import gpu_steps
+    from bench.gpu import steps as gpu_steps
 
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no CUDA device; use --dry-run to exercise the same steps on the CPU", file=sys.stderr)

@@ -1,7 +1,7 @@
 """The naive peer: what most tutorials deploy. A minimal FastAPI app that runs `transformers.BertModel`
 once per request (no batching), mean-pooled, on the same checkpoint.
 
-    python -m bench.naive_peer CHECKPOINT PORT
+    python -m bench.serving.naive_peer CHECKPOINT PORT
 """
 
 from __future__ import annotations

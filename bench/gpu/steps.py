@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.gpu_env import program
+from bench.gpu.env import program
 from devkit.paths import REPO_ROOT, WIKITEXT_DIR
 from service.settings import DEFAULT_CHECKPOINT
 
@@ -42,7 +42,7 @@ def base_checkpoint(work: Path, dry_run: bool) -> Path:
 def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, service_args: str = "",
             ceiling: bool = False, systems=SYSTEMS, loads=LOADS) -> dict:
     """bench.serving: the service (dtype auto and float32) and the naive transformers peer, each row against
-    the in-process limit of its dtype; the clients spread over several processes (bench.load)."""
+    the in-process limit of its dtype; the clients spread over several processes (bench.serving.load)."""
     rows_file = work / f"serving-{checkpoint.name}.json"
     processes = 2 if dry_run else min(8, max(2, (os.cpu_count() or 4) // 2))
     command = [sys.executable, "-m", "bench.serving", "--checkpoint", str(checkpoint),
@@ -68,8 +68,8 @@ LOAD_START_S = 4.0  # the load generator's processes start and warm up before py
 def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) -> dict:
     """py-spy over the service and all its processes while 64 clients (4 in the dry run) send 8 sentences a
     request: the functions holding most samples, on top of the stack (self) and anywhere in it."""
-    from bench.load import drive_processes
-    from bench.serving import count_tokens, sentences
+    from bench.serving.load import drive_processes
+    from bench.serving.throughput import count_tokens, sentences
     from devkit.server import start_service
     from model import load_checkpoint
 
@@ -125,7 +125,7 @@ def kernel_profile(checkpoint: Path, device: str, dry_run: bool) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bench.serving import sentences
+    from bench.serving.throughput import sentences
     from model import load_checkpoint
     from model.attention import runs_varlen
     from service.engine.precision import choose

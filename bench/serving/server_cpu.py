@@ -6,7 +6,7 @@ process of the server (the supervisor, the engine and each HTTP front end; read 
 by the requests answered. The clients' own CPU is not counted. On a GPU host this is what bounds the
 requests per second one process can take; the model's own cost is measured by bench.serving.
 
-    python -m bench.server_cpu --workers 0 1 2 --inputs-per-request 1 8 --concurrency 64 --seconds 10
+    python -m bench.serving.server_cpu --workers 0 1 2 --inputs-per-request 1 8 --concurrency 64 --seconds 10
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
-from bench.load import drive_processes
-from bench.serving import sentences
+from bench.serving.load import drive_processes
+from bench.serving.throughput import sentences
 from devkit.server import start_service
 from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
 from service.settings import DEFAULT_CHECKPOINT

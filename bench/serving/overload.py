@@ -4,7 +4,7 @@ Every request must be answered (200; 429 with Retry-After; 503 past a queue dead
 or get another 5xx, memory must stay bounded (peak RSS of the server), accepted requests must keep a
 bounded p99, and single-request latency must be back to normal within seconds after the burst.
 
-    python -m bench.overload --checkpoint checkpoints/minilm-wikipedia --seconds 30 --factor 10
+    python -m bench.serving.overload --checkpoint checkpoints/minilm-wikipedia --seconds 30 --factor 10
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the service forms them, one thread:
    left unwritten, no GELU. A timing-only bound on what perfect int8 kernels could reach (its outputs
    are wrong and unused).
 
-    python -m bench.cpu_ceiling --sentences 320 --seconds 4
+    python -m bench.precision.cpu_ceiling --sentences 320 --seconds 4
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.precision import held_out, ours, speed
+from bench.precision.variants import held_out, ours, speed
 from devkit.paths import minilm_dir
 from model.device import cpu_has_native_bf16, keep_freed_memory
 from service.engine.precision import INT8_ALPHA, INT8_SCHEME
