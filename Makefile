@@ -141,7 +141,7 @@ retention-curve: $(DEV_STAMP)
 
 # The GPU path in one command (bench/gpu/): on a CUDA machine, offline, under 8 minutes. Fetch its wheels first,
 # on a machine with a network, for the GPU machine's Python (3.12 on the lent machines; GPU_PYTHON=3.11 for a check
-# on this machine's Python, tests/bench/test_gpu_venv.py): under 64 MiB in .whl/gpu.
+# on this machine's Python, python -m devkit.gpu_venv_check): under 64 MiB in .whl/gpu.
 GPU_PYTHON ?= 3.12
 gpu-wheels:
 	rm -rf .whl/gpu && mkdir -p .whl/gpu

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.concurrency} clients in "
           f"{args.client_processes} processes sharing the machine with the server; server CPU counted over all its "
           "processes\n")
-    print("| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | cores busy | p50 ms | p99 ms |")
+    print("| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | cores busy | p50 ms "
+          "| p99 ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r.workers} | {r.inputs_per_request} | {r.requests_per_s:,.0f} | {r.server_cpu_ms_per_request:.2f} | "
