@@ -138,8 +138,9 @@ def server_pids(container: str, module: str) -> list[str]:
 
 
 def balancer_upstream_errors(since: str) -> int:
-    """Lines of nginx's error log about a replica failing a request (each one a request nginx sent on to another
-    replica, or answered with an error itself)."""
+    """Lines of nginx's error log (docker/nginx.conf sends it to stderr) about a replica failing a request: a reset
+    or refused connection, each one a request nginx sent on to another replica (or answered with an error itself).
+    A 503 from a draining replica is retried without a line."""
     lb = sh(*SCALE, "ps", "-q", "lb").strip()
     return sum("upstream" in line for line in logs_since(lb, since).splitlines())
 
@@ -214,7 +215,8 @@ def kill_engine() -> tuple[callable, callable, dict]:
     def kill() -> None:
         pid = server_pids(victim, "service.engine.server")[0]
         subprocess.run(["kill", "-9", pid], check=True)
-        live = subprocess.run(["docker", "exec", victim, "python", "-c", LIVE_STATUS], capture_output=True, text=True)
+        # /live from inside the replica, polled from just after the kill until it is not 200 (or the replica is gone)
+        live = subprocess.run(["docker", "exec", victim, "python", "-c", LIVE_PROBE], capture_output=True, text=True)
         facts["live_after_kill"] = live.stdout.strip() or "container gone"
         facts["restarted_within_60_s"] = wait_for(lambda: int(inspect(victim, ".RestartCount")) > restarts, 60)
 
@@ -231,13 +233,20 @@ def kill_engine() -> tuple[callable, callable, dict]:
     return kill, check, facts
 
 
-LIVE_STATUS = """import urllib.request, urllib.error
-try:
-    print(urllib.request.urlopen('http://127.0.0.1:8000/live', timeout=2).status)
-except urllib.error.HTTPError as exc:
-    print(exc.code)
-except Exception as exc:
-    print(type(exc).__name__)"""
+LIVE_PROBE = """import time, urllib.request, urllib.error
+started, seen = time.perf_counter(), []
+while time.perf_counter() - started < 5:
+    try:
+        status = str(urllib.request.urlopen('http://127.0.0.1:8000/live', timeout=1).status)
+    except urllib.error.HTTPError as exc:
+        status = str(exc.code)
+    except Exception as exc:
+        status = type(exc).__name__
+    seen.append(status)
+    if status != '200':
+        break
+    time.sleep(0.02)
+print(f"{len(seen) - 1} x 200, then {seen[-1]} after {time.perf_counter() - started:.2f} s")"""
 
 
 def scale_to(count: int) -> tuple[callable, callable, dict]:
