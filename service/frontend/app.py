@@ -43,7 +43,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
         async def load():
             try:
                 await runtime.start()
-            except Exception as exc:  # noqa: BLE001 - reported, and the process stops (see __main__)
+            except Exception as exc:  # noqa: BLE001 - reported, and the process stops (service.frontend.serve)
                 runtime.lifecycle.failed(str(exc))
                 log.error("cannot serve: %s", exc)
                 if app.state.on_load_failure is not None:
@@ -80,6 +80,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     app.include_router(pages)
     app.include_router(playground_page)
     mount_assets(app)
+
     def count_failure(kind: str, request) -> None:
         runtime.metrics.failures.labels(route_label(request.url.path), kind).inc()
 
