@@ -15,7 +15,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -275,12 +275,16 @@ def load_checkpoint_files(directory: str | Path, num_labels: int = 0) -> Checkpo
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
-    config = load_config(directory)
+    return with_labels(_with_text_files(directory, load_config(directory), None, None), num_labels)
+
+
+def with_labels(checkpoint: Checkpoint, num_labels: int) -> Checkpoint:
+    """`checkpoint` read as a classifier of `num_labels` outputs (0: not a classifier); its config names them."""
     try:
-        labels = LabelSpec.from_config(config, num_labels) if num_labels else None
+        labels = LabelSpec.from_config(checkpoint.config, num_labels) if num_labels else None
     except ConfigError as exc:
-        raise CheckpointError(f"{directory / CONFIG_FILE}: {exc}") from None
-    return _with_text_files(directory, config, None, labels)
+        raise CheckpointError(f"{checkpoint.directory / CONFIG_FILE}: {exc}") from None
+    return replace(checkpoint, labels=labels)
 
 
 def _with_text_files(directory: Path, config: BertConfig, model: BertForPreTraining | None,

@@ -97,16 +97,16 @@ class Ticket:
         return self.missing == 0
 
 
-@dataclass
+@dataclass(eq=False)  # entries are compared by identity: equal items of two requests are two entries
 class Entry:
     item: Any  # anything with len() = its tokens
     ticket: Ticket
     index: int  # the input's place in its request
     enqueued_at: float = field(default_factory=time.monotonic)
+    length: int = field(init=False)  # tokens; read many times while the entry waits
 
-    @property
-    def length(self) -> int:
-        return len(self.item)
+    def __post_init__(self) -> None:
+        self.length = len(self.item)
 
 
 Flops = Callable[[int, int, int, int], tuple[float, float]]
@@ -160,7 +160,16 @@ class Batcher:
         self.policy = policy
         self.metrics = metrics
         self._queue: deque[Entry] = deque()
-        self._cond = threading.Condition()
+        # What the packer keeps of the queue, so that a wake-up costs nothing per entry: its tokens, the
+        # earliest deadline in it, and whether a request was cancelled since the last look at every entry.
+        self._queued_tokens = 0
+        self._earliest_deadline = float("inf")
+        self._cancelled_since_scan = False
+        # One lock, two conditions: a new request wakes the packer only, a prepared batch the runners only
+        # (each wake-up of a thread that goes back to sleep costs a GIL hand-over).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # the packer waits on it
+        self._batch_ready = threading.Condition(self._lock)  # the runners wait on it
         self._prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
         self._running = 0  # runners inside engine.run
         self._stopping = False
@@ -181,9 +190,10 @@ class Batcher:
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish everything already queued, then stop the threads."""
-        with self._cond:
+        with self._lock:
             self._stopping = True
             self._cond.notify_all()
+            self._batch_ready.notify_all()
         for thread in self._threads:
             thread.join(timeout)
 
@@ -200,27 +210,36 @@ class Batcher:
 
     def submit(self, items: list, ticket: Ticket) -> None:
         """Queue a request's items; its ticket reaches its sink when all are computed (or one fails)."""
-        with self._cond:
+        with self._lock:
             if self._stopping:
                 raise ServiceError("unavailable", "the server is shutting down")
             if len(self._queue) + len(items) > self.policy.max_queue_items:
                 wait = self._recent_batch_s * max(1, len(self._queue) / max(1, self.policy.max_batch_size))
                 raise ServiceError("overloaded", f"the queue is full ({len(self._queue)} inputs waiting); retry later",
                                    retry_after_s=wait)
-            self._queue.extend(Entry(item, ticket, index) for index, item in enumerate(items))
+            now = time.monotonic()
+            entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
+            self._queue.extend(entries)
+            self._queued_tokens += sum(e.length for e in entries)
+            self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
-            self._cond.notify_all()
+            self._cond.notify()
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The request's client went away: its entries that have not run are dropped (any thread)."""
+        ticket.cancelled = True
+        self._cancelled_since_scan = True
 
     # ---- packing (packer thread) ---------------------------------------------------------------
 
     def _pack_loop(self) -> None:
         name_os_thread()
         while True:
-            with self._cond:
+            with self._lock:
                 chosen = self._wait_and_select()
                 if chosen is None:
                     self._packer_finished = True
-                    self._cond.notify_all()
+                    self._batch_ready.notify_all()
                     return
             try:
                 batch = self.engine.collate([e.item for e in chosen])
@@ -228,9 +247,9 @@ class Batcher:
                 log.exception("collate failed")
                 self._fail(chosen, ServiceError("internal", "internal error while preparing the batch"))
                 continue
-            with self._cond:
+            with self._lock:
                 self._prepared = (chosen, batch)
-                self._cond.notify_all()
+                self._batch_ready.notify()
 
     def _wait_and_select(self) -> list[Entry] | None:
         """Under the lock: wait until there is something to run and nowhere for it to wait, then pick it."""
@@ -241,7 +260,7 @@ class Batcher:
                 return None
             if self._prepared is None and self._queue:
                 idle = self._running < policy.runners
-                short = sum(e.length for e in self._queue) < policy.max_batch_tokens // 2 and \
+                short = self._queued_tokens < policy.max_batch_tokens // 2 and \
                     len(self._queue) < policy.max_batch_size
                 waited = time.monotonic() - self._queue[0].enqueued_at
                 # Wait for company only when the device would otherwise sit idle with a small batch.
@@ -253,19 +272,27 @@ class Batcher:
 
     def _take(self, chosen: list[Entry]) -> list[Entry]:
         chosen_ids = {id(e) for e in chosen}
-        self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
-        self.metrics.queue_depth.set(len(self._queue))
+        self._set_queue(deque(e for e in self._queue if id(e) not in chosen_ids))
         return chosen
+
+    def _set_queue(self, queue: deque[Entry]) -> None:
+        self._queue = queue
+        self._queued_tokens = sum(e.length for e in queue)
+        self._earliest_deadline = min((e.ticket.deadline for e in queue), default=float("inf"))
+        self.metrics.queue_depth.set(len(queue))
 
     def _next_deadline_in(self) -> float | None:
         if not self._queue:
             return None
-        return max(0.001, min(e.ticket.deadline for e in self._queue) - time.monotonic())
+        return max(0.001, self._earliest_deadline - time.monotonic())
 
     def _drop_dead_entries(self) -> None:
-        if not self._queue:
-            return
+        """Answer the entries past their deadline or whose client left. The queue is only read through when
+        one may be there: the earliest deadline has passed, or a request was cancelled or failed."""
         now = time.monotonic()
+        if not self._queue or (now <= self._earliest_deadline and not self._cancelled_since_scan):
+            return
+        self._cancelled_since_scan = False
         alive: deque[Entry] = deque()
         for entry in self._queue:
             if entry.ticket.cancelled:
@@ -275,9 +302,7 @@ class Batcher:
                     "unavailable", "the request waited in the queue past its deadline", retry_after_s=1))
             else:
                 alive.append(entry)
-        if len(alive) != len(self._queue):
-            self._queue = alive
-            self.metrics.queue_depth.set(len(alive))
+        self._set_queue(alive)
 
     # ---- running (runner threads) --------------------------------------------------------------
 
@@ -285,21 +310,21 @@ class Batcher:
         name_os_thread()
         lower_thread_priority(self.policy.runner_niceness)
         while True:
-            with self._cond:
+            with self._lock:
                 while self._prepared is None and not self._packer_finished:
-                    self._cond.wait()
+                    self._batch_ready.wait()
                 if self._prepared is None:
                     return
                 chosen, batch = self._prepared
                 self._prepared = None
                 self._running += 1
-                self._cond.notify_all()  # the packer may prepare the next batch now
+                self._cond.notify()  # the packer may prepare the next batch now
             try:
                 self._run_batch(chosen, batch)
             finally:
-                with self._cond:
+                with self._lock:
                     self._running -= 1
-                    self._cond.notify_all()
+                    self._cond.notify()
 
     def _run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> None:
         alive = [e for e in chosen if not e.ticket.cancelled]
@@ -348,6 +373,8 @@ class Batcher:
         """Record each entry's outcome in its request; hand the requests this finished to their sinks, one call
         per sink (one wake-up of an event loop, one message to a front end) rather than one per input."""
         finished: dict[int, tuple[Sink, list[Ticket]]] = {}
+        if error is not None:
+            self._cancelled_since_scan = True  # the failed requests' other entries in the queue go too
         with self._results_lock:
             for entry, value in zip(entries, values):
                 if entry.ticket.record(entry.index, value, error):

@@ -22,9 +22,10 @@ from service.tasks import Item
 class LocalPending:
     result: asyncio.Future
     ticket: Ticket
+    batcher: Batcher
 
     def cancel(self) -> None:
-        self.ticket.cancelled = True  # the batcher drops the request's entries that have not run
+        self.batcher.cancel(self.ticket)  # the request's entries that have not run are dropped
 
 
 class LoopSink:
@@ -52,7 +53,7 @@ def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float)
     """Queue a request's items; when one of them fails, the rest of the request is not computed."""
     ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future())
     batcher.submit(items, ticket)
-    return LocalPending(ticket.tag, ticket)
+    return LocalPending(ticket.tag, ticket, batcher)
 
 
 class LocalLink:
@@ -70,6 +71,9 @@ class LocalLink:
         self.loaded = await asyncio.to_thread(load_engine, settings, self.metrics, self.engine_factory)
         self.sink = LoopSink(asyncio.get_running_loop())
         return self.loaded.facts
+
+    async def loading(self) -> None:
+        return  # the engine is this process's, and it loads in `start`
 
     def submit(self, items: list[Item], deadline: float) -> LocalPending:
         return submit(self.loaded.batcher, self.sink, items, deadline)

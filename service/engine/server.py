@@ -142,7 +142,7 @@ class EngineServer:
                 elif isinstance(message, Cancel):
                     ticket = self.requests.pop((identity, message.request_id), None)
                     if ticket is not None:
-                        ticket.cancelled = True  # the batcher drops its entries that have not run
+                        self.loaded.batcher.cancel(ticket)  # its entries that have not run are dropped
                 elif isinstance(message, Hello):
                     self.replies.send(topic(identity), [encode(self.status)])
 

@@ -50,6 +50,11 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
                     app.state.on_load_failure(exc)
 
         app.state.loading = asyncio.create_task(load())
+        # Take connections once this process knows as much as the engine: at once while it loads (/health
+        # says so), only when ready if it is ready (a front end started after the others, or restarted).
+        engine_loading = asyncio.create_task(runtime.link.loading())
+        await asyncio.wait([app.state.loading, engine_loading], return_when=asyncio.FIRST_COMPLETED)
+        engine_loading.cancel()
         try:
             yield
         finally:

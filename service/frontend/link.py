@@ -31,6 +31,11 @@ class EngineLink(Protocol):
         """Return once the engine is ready to compute `checkpoint` (a local directory); raise RuntimeError (with
         the reason) if it cannot be."""
 
+    async def loading(self) -> None:
+        """Return once the engine is known to be still loading (never, if it turns out ready). Until the link
+        knows either, the HTTP server takes no connections: a front end that answered 503 while the engine and
+        the other front ends serve would fail requests that a moment later would succeed."""
+
     def submit(self, items: list[Item], deadline: float) -> Pending:
         """Queue `items` to reach the device by `deadline` (time.monotonic()); raise ServiceError to refuse them."""
 

@@ -64,6 +64,7 @@ class RemoteLink:
         self._ids = itertools.count()
         self._failure: str | None = None
         self._status: asyncio.Future | None = None  # the first ready/failed Status
+        self._loading = asyncio.Event()  # heard that the engine is still loading
         self._heard = False  # whether any Status has arrived (the subscription works)
         self._outgoing: list[bytes] = []  # messages of this pass of the event loop, sent together
 
@@ -91,6 +92,9 @@ class RemoteLink:
         if status.state != "ready":
             raise RuntimeError(status.detail or f"the engine is {status.state}")
         return status.facts
+
+    async def loading(self) -> None:
+        await self._loading.wait()
 
     def submit(self, items: list[Item], deadline: float) -> RemotePending:
         if self._failure is not None:
@@ -146,6 +150,8 @@ class RemoteLink:
     def _on_status(self, status: Status) -> None:
         self._heard = True
         self.detail = status.detail
+        if status.state == "loading":
+            self._loading.set()
         if status.state == "failed":
             self._failure = f"the model failed to load: {status.detail}"
         if status.state in ("ready", "failed") and not self._status.done():

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.checkpoint import Checkpoint, load_checkpoint_files
+from model.checkpoint import Checkpoint, load_checkpoint_files, with_labels
 from model.hub import ResolvedCheckpoint, resolve_checkpoint
 from service.errors import ServiceError
 from service.frontend.frontdoor import FrontDoor
@@ -68,6 +68,12 @@ class RequestCounts:
     answered: int = 0  # ... and whose response was sent in full
 
 
+def _load_text_files(directory: Path) -> Checkpoint:
+    checkpoint = load_checkpoint_files(directory)
+    checkpoint.tokenizer.vocab  # noqa: B018 - built here (tens of ms), not by the first request
+    return checkpoint
+
+
 def reads_pairs(checkpoint: Checkpoint, setting: str) -> bool:
     """Whether the checkpoint's classifier takes [a, b] pairs (see the classifier_pairs setting)."""
     if checkpoint.labels is None or setting == "no":
@@ -110,8 +116,16 @@ class Runtime:
         if self.source is None:  # a Hub id is downloaded here while /health answers 503 with the progress
             self.source = await asyncio.to_thread(resolve_checkpoint, s.checkpoint, progress=self._show_progress)
             self.progress = ""
-        facts = await self.link.start(self.source.path)
-        checkpoint = await asyncio.to_thread(load_checkpoint_files, self.source.path, facts.num_labels)
+        # The tokenizer loads while the engine does: a front end that hears "ready" then only builds its front
+        # door, so the front ends of one server turn ready within a millisecond of each other. The engine's
+        # error, if both fail, is the one reported (it names the weights).
+        files = asyncio.ensure_future(asyncio.to_thread(_load_text_files, self.source.path))
+        try:
+            facts = await self.link.start(self.source.path)
+        except BaseException:
+            files.cancel()
+            raise
+        checkpoint = with_labels(await files, facts.num_labels)
         limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k)
         self.checkpoint, self.facts = checkpoint, facts
         self.frontdoor = FrontDoor(checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s,

@@ -9,6 +9,7 @@ import signal
 import uvicorn
 from fastapi import FastAPI
 
+from service.frontend.fast_routes import DirectEntry
 from service.settings import Settings
 
 
@@ -29,7 +30,7 @@ def serve_http(app: FastAPI, settings: Settings, fd: int | None = None) -> Excep
                 self.should_exit = True
 
     where = {"fd": fd} if fd is not None else {"host": settings.host, "port": settings.port}
-    config = uvicorn.Config(app, **where, log_level=settings.log_level, timeout_keep_alive=settings.keep_alive_s,
+    config = uvicorn.Config(DirectEntry(app), **where, log_level=settings.log_level, timeout_keep_alive=settings.keep_alive_s,
                             timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False)
     server = Server(config)
     failed: list[Exception] = []

@@ -1,6 +1,6 @@
-"""The computing routes answered by `service.frontend.fast_routes` and by FastAPI itself give the same answer
-to every request of the nasty-input table and to a good request on every POST route: same status, same
-headers that matter, same body."""
+"""The computing routes answered by `service.frontend.fast_routes` (entered directly, as uvicorn serves them)
+and by FastAPI itself give the same answer to every request of the nasty-input table and to a good request on
+every POST route: same status, same headers that matter, same body."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from service.engine.link import LocalLink
 from service.frontend.app import create_http_app
+from service.frontend.fast_routes import DirectEntry
 from service.frontend.runtime import Runtime
 from service.metrics import Metrics
 from service.settings import Settings
@@ -49,7 +50,8 @@ async def both(checkpoint, **overrides):
         context = app.router.lifespan_context(app)
         await context.__aenter__()
         await app.state.loading
-        clients.append((context, httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")))
+        served = DirectEntry(app) if fast else app  # as uvicorn serves it
+        clients.append((context, httpx.AsyncClient(transport=httpx.ASGITransport(app=served), base_url="http://t")))
     try:
         yield [client for _, client in clients]
     finally:
@@ -95,9 +97,10 @@ async def test_the_fast_path_serves_every_post_route(tiny_checkpoint):
 
     async with both(tiny_checkpoint) as (fast, _):
         assert (await fast.get("/health")).status_code == 200  # the middleware stack is built on the first request
-        app = fast._transport.app
-        layer = app.middleware_stack
+        entry = fast._transport.app
+        layer = entry.app.middleware_stack
         while not isinstance(layer, FastRoutes):
             layer = layer.app
-        posts = {path for path, operations in app.openapi()["paths"].items() if "post" in operations}
+        posts = {path for path, operations in entry.app.openapi()["paths"].items() if "post" in operations}
         assert set(layer.table) == posts and len(posts) >= 14
+        assert entry.paths == posts  # and each enters it directly
