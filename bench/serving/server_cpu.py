@@ -7,6 +7,9 @@ by the requests answered. The clients' own CPU is not counted. On a GPU host thi
 requests per second one process can take; the model's own cost is measured by bench.serving.
 
     python -m bench.serving.server_cpu --workers 0 1 2 --inputs-per-request 1 8 --concurrency 64 --seconds 10
+
+The first row (workers "floor") is bare uvicorn under the same load (`bench.serving.http_floor`): what the
+socket, HTTP parsing and the event loop cost before any of the service's work. `--no-floor` leaves it out.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from bench.serving.load import drive_processes
 from bench.serving.throughput import sentences
-from devkit.server import start_service
+from devkit.server import free_port, start, start_service
 from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
 
@@ -32,7 +36,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 @dataclass
 class Row:
-    workers: int
+    workers: int | str
     inputs_per_request: int
     concurrency: int
     requests_per_s: float
@@ -97,6 +101,14 @@ def measure(url: str, root: int, texts: list[str], concurrency: int, per_request
                1000 * latencies[int(len(latencies) * 0.99)])
 
 
+def start_floor():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "uvicorn", "bench.serving.http_floor:app", "--port", str(port),
+               "--log-level", "warning", "--no-access-log"]
+    return start(command, url), url
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="the service's --workers values")
@@ -104,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--client-processes", type=int, default=2, help="load-generator processes")
+    parser.add_argument("--no-floor", action="store_true", help="leave out bare uvicorn (the HTTP floor)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="more flags for the service")
     args = parser.parse_args(argv)
@@ -113,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = nearly_free_checkpoint(work / "nearly-free")
         texts = sentences(2000, None, None)
         rows = []
-        for workers in args.workers:
-            process, url = start_service(checkpoint, "--workers", str(workers), *args.server_args)
+        for workers in ([] if args.no_floor else ["floor"]) + args.workers:
+            process, url = start_floor() if workers == "floor" else \
+                start_service(checkpoint, "--workers", str(workers), *args.server_args)
             try:
                 for per_request in args.inputs_per_request:
                     rows.append(measure(url, process.pid, texts, args.concurrency, per_request, args.seconds, workers,

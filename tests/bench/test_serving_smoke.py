@@ -54,3 +54,32 @@ def test_cpu_ceiling_reports_every_precision_and_restores_int8(tiny_checkpoint, 
     assert [r.split(" | ")[0] for r in rows][0] == "| float32"
     assert rows[-1].startswith("| int8, quantization, dequantization and GELU free")
     assert any(r.startswith("| int8 (served) |") for r in rows)
+
+
+def test_request_cost_measures_each_part(tiny_checkpoint):
+    """The front end answers 200 on every path (checked inside), and every part costs some CPU."""
+    import asyncio
+
+    from bench.serving.request_cost import engine_us_per_input, front_end_us
+    from model import load_checkpoint
+
+    texts = ["a crane is flying over the river", "the river", "it rains on the hills and the river rises"] * 30
+    costs = asyncio.run(front_end_us(tiny_checkpoint, texts, 8, 60, rounds=1))
+    assert sorted(costs) == sorted(["direct", "fast routes", "FastAPI"]) and min(costs.values()) > 0
+    selecting, computing = engine_us_per_input(load_checkpoint(tiny_checkpoint), texts, 8)
+    assert selecting > 0 and computing > 0
+
+
+def test_the_http_floor_answers_like_the_service():
+    """bench.serving.server_cpu's floor row: bare uvicorn answering /embed with one vector per input."""
+    import httpx
+
+    from bench.serving.server_cpu import start_floor
+
+    process, url = start_floor()
+    try:
+        answer = httpx.post(url + "/embed", json={"inputs": ["a", "b", "c"]})
+        assert answer.status_code == 200 and [len(v) for v in answer.json()] == [32, 32, 32]
+    finally:
+        process.terminate()
+        process.wait(30)

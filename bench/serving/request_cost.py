@@ -1,0 +1,216 @@
+"""Where the server's CPU per request goes, each part measured alone on one thread of this process: the
+HTTP front end (over an engine that answers at once), the tokenizer inside it, and the engine (batch
+selection, collation and the forward pass of the nearly free model on pre-tokenized WikiText batches).
+
+`bench.serving.server_cpu` measures the sum under load, where 64 clients, the server's threads and the
+load generator share the cores; that figure moves ±15% from run to run on a shared 2-core host. Alone,
+each part repeats within a few percent, so this is the benchmark that can show a change of 10 µs; the sum
+of its parts is what the server would cost with no contention at all.
+
+    python -m bench.serving.request_cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.serving.server_cpu import nearly_free_checkpoint
+from bench.serving.throughput import sentences
+from model import load_checkpoint
+from service.engine.batcher import BatchPolicy, Entry, Ticket, choose_batch
+from service.engine.engine import Engine
+from service.frontend.app import create_http_app
+from service.frontend.fast_routes import DirectEntry
+from service.frontend.runtime import Runtime
+from service.messages import ModelFacts
+from service.metrics import Metrics
+from service.settings import Settings
+from service.tasks import EncodeItem, PooledVector
+
+
+class AnswerAtOnce:
+    """An `EngineLink` whose engine costs nothing: every input's pooled vector is zeros, ready at once. What
+    is left is the front end's own work."""
+
+    detail = ""
+
+    def __init__(self, width: int):
+        self.vector = np.zeros(width, dtype=np.float32)
+
+    async def start(self, checkpoint: Path) -> ModelFacts:
+        return ModelFacts("cpu", "float32", True, True, 0, 1024)
+
+    async def loading(self) -> None:
+        return
+
+    def submit(self, items, deadline):
+        result = asyncio.get_running_loop().create_future()
+        result.set_result([PooledVector(self.vector) for _ in items])
+        return Answered(result)
+
+    def failure(self):
+        return None
+
+    async def stop(self) -> None:
+        return
+
+
+class Answered:
+    def __init__(self, result: asyncio.Future):
+        self.result = result
+
+    def cancel(self) -> None:
+        return
+
+
+PATHS = {  # how a request reaches the route
+    "direct": "as uvicorn serves it (DirectEntry, then the fast routes)",
+    "fast routes": "through FastAPI's outer layers to the fast routes",
+    "FastAPI": "through FastAPI alone (its routing, dependencies and body parsing)",
+}
+
+
+async def front_end_us(checkpoint: Path, texts: list[str], per_request: int, requests: int,
+                       rounds: int = 5) -> dict[str, float]:
+    """CPU µs per /embed request of `per_request` sentences along each of PATHS, the HTTP bytes already parsed.
+    The paths take turns, `rounds` times `requests` each; each keeps its best round (another tenant's work
+    only ever adds time)."""
+    settings = Settings(checkpoint=str(checkpoint))
+    bodies = [json.dumps({"inputs": texts[i * per_request % len(texts):][:per_request]}).encode()
+              for i in range(requests)]
+    apps = {}
+    for path in PATHS:
+        metrics = Metrics()
+        app = create_http_app(Runtime(settings, AnswerAtOnce(32), metrics), fast_routes=path != "FastAPI")
+        apps[path] = (app, DirectEntry(app) if path == "direct" else app)
+    best = dict.fromkeys(PATHS, float("inf"))
+    async with contextlib.AsyncExitStack() as stack:
+        for app, _ in apps.values():
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            await app.state.loading
+        for path, (_, served) in apps.items():
+            for body in bodies[:50]:  # warm-up
+                assert await _post(served, body) == 200, path
+        for _ in range(rounds):
+            for path, (_, served) in apps.items():
+                started = time.process_time()
+                for body in bodies:
+                    await _post(served, body)
+                best[path] = min(best[path], 1e6 * (time.process_time() - started) / requests)
+    return best
+
+
+async def _post(served, body: bytes) -> int:
+    """One POST /embed through the ASGI app `served`; its status."""
+    delivered = False
+    never = asyncio.Event()
+    statuses = []
+
+    async def receive():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await never.wait()  # the client stays connected
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/embed", "raw_path": b"/embed", "root_path": "", "query_string": b"",
+             "headers": [(b"host", b"t"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {}}
+    await served(scope, receive, send)
+    return statuses[0]
+
+
+def tokenizer_us(checkpoint, texts: list[str], per_request: int, rounds: int = 3) -> float:
+    """CPU µs to tokenize one request's sentences (best of `rounds` passes over the texts)."""
+    groups = [texts[i:i + per_request] for i in range(0, len(texts), per_request)]
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.process_time()
+        for group in groups:
+            checkpoint.tokenizer.encode_batch(group)
+        best = min(best, 1e6 * (time.process_time() - started) / len(groups))
+    return best
+
+
+def engine_us_per_input(checkpoint, texts: list[str], batch: int) -> tuple[float, float]:
+    """(selection + collation µs, forward + results µs) per input, batches of `batch` similar-length inputs
+    chosen from a queue of 512 as the packer chooses them."""
+    engine = Engine(checkpoint.model, torch.device("cpu"), torch.float32)
+    items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True)
+             for e in checkpoint.tokenizer.encode_batch(texts)]
+    policy = BatchPolicy(max_batch_tokens=1 << 20, max_batch_size=batch, max_padding_fraction=0.10)
+    ticket = Ticket(float("inf"), 1, None)
+    rng = random.Random(0)
+    queue = [Entry(rng.choice(items), ticket, 0) for _ in range(512)]
+    chosen = [choose_batch(queue, policy, engine.flops) for _ in range(3)]
+    for entries in chosen:
+        engine.run(engine.collate([e.item for e in entries]))  # warm-up
+    count, selecting, computing = 0, 0.0, 0.0
+    for _ in range(20):
+        started = time.process_time()
+        entries = choose_batch(queue, policy, engine.flops)
+        prepared = engine.collate([e.item for e in entries])
+        selected = time.process_time()
+        engine.run(prepared)
+        selecting += selected - started
+        computing += time.process_time() - selected
+        count += len(entries)
+    return 1e6 * selecting / count, 1e6 * computing / count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=600, help="requests per path and round (5 rounds)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the server runs it (service.frontend.runtime)
+    work = Path(tempfile.mkdtemp(prefix="request-cost-"))
+    try:
+        directory = nearly_free_checkpoint(work / "nearly-free")
+        checkpoint = load_checkpoint(directory)
+        texts = sentences(2000, None, None)
+        rows = {}
+        for per_request in (1, 8):
+            costs = asyncio.run(front_end_us(directory, texts, per_request, args.requests))
+            for path, how in PATHS.items():
+                rows[f"front end, {per_request} sentence(s) a request, {how}"] = costs[path]
+            rows[f"  the tokenizer's part of it, {per_request} sentence(s)"] = tokenizer_us(checkpoint, texts,
+                                                                                            per_request)
+        for batch in (8, 32, 64):
+            selecting, computing = engine_us_per_input(checkpoint, texts, batch)
+            rows[f"engine per input, batches of {batch}: selection + collation"] = selecting
+            rows[f"engine per input, batches of {batch}: forward + results"] = computing
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, one thread, CPU time "
+          "(time.process_time); the nearly free model (bench.serving.server_cpu)\n")
+    print("| part | CPU µs |\n| --- | ---: |")
+    for name, value in rows.items():
+        print(f"| {name} | {value:,.1f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
