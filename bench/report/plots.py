@@ -24,6 +24,23 @@ def _save(figure, path: Path) -> None:
     plt.close(figure)
 
 
+def _log2_axis(axes, values) -> None:
+    """A base-2 log x axis ticked at exactly the values measured."""
+    ticks = sorted(values)
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(ticks, [str(t) for t in ticks])
+
+
+def _finish(figure, axes, path: Path, xlabel: str, ylabel: str, title: str) -> None:
+    """Labels, grid and legend of a line plot, then saved."""
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    _save(figure, path)
+
+
 def throughput(report: dict, path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.2))
     systems = dict.fromkeys(r["system"] for r in report["concurrency"])
@@ -32,20 +49,14 @@ def throughput(report: dict, path: Path) -> None:
         color, line, marker = STYLE.get(system, ("black", "-", "x"))
         axes.plot([r["concurrency"] for r in rows], [r["seq_s"] for r in rows], line, marker=marker, color=color,
                   label=LABELS.get(system, system))
-    axes.set_xscale("log", base=2)
-    concurrencies = sorted({r["concurrency"] for r in report["concurrency"]})
-    axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    _log2_axis(axes, {r["concurrency"] for r in report["concurrency"]})
     for r in report["headline"]:
         if r["model"] == report["sweep_model"] and r["system"] == "ours" and r["precision"] in ("int8", "float32"):
             axes.axhline(r["limit_seq_s"], color="#1f6feb", alpha=0.35, linewidth=1)
             axes.text(0.01, r["limit_seq_s"], f"in-process limit, {r['precision']}", fontsize=7, color="#1f6feb",
                       va="bottom", transform=axes.get_yaxis_transform())
-    axes.set_xlabel("concurrent clients (one sentence per request)")
-    axes.set_ylabel("sentences / s")
-    axes.set_title(f"Throughput vs concurrency, {report['sweep_model']}, {report['machine']['cores']} CPU cores")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    _save(figure, path)
+    _finish(figure, axes, path, "concurrent clients (one sentence per request)", "sentences / s",
+            f"Throughput vs concurrency, {report['sweep_model']}, {report['machine']['cores']} CPU cores")
 
 
 def latency(report: dict, path: Path) -> None:
@@ -102,15 +113,9 @@ def length(report: dict, path: Path) -> None:
         color = "#1f6feb" if system.startswith("ours") else "#6b7280"
         axes.plot([r["tokens"] for r in rows], [r["us_per_token"] for r in rows], "-" if "int8" in system else "--",
                   marker="o", color=color, label=system)
-    axes.set_xscale("log", base=2)
-    lengths = sorted({r["tokens"] for r in report["length"]})
-    axes.set_xticks(lengths, [str(n) for n in lengths])
-    axes.set_xlabel("input length, tokens")
-    axes.set_ylabel("µs per token (lower is better)")
-    axes.set_title(f"Cost vs input length, {report['sweep_model']} (attention grows with length²)")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    _save(figure, path)
+    _log2_axis(axes, {r["tokens"] for r in report["length"]})
+    _finish(figure, axes, path, "input length, tokens", "µs per token (lower is better)",
+            f"Cost vs input length, {report['sweep_model']} (attention grows with length²)")
 
 
 def draw_all(report: dict, folder: Path) -> list[Path]:
