@@ -37,6 +37,7 @@ from bench.gpu.env import ensure_packages, program
 from devkit.paths import REPO_ROOT
 
 MIN_TORCH = (2, 1)
+STEPS = ("gpu_tests", "serving", "serving_base", "py_spy", "kernels", "training")
 
 
 def environment(device: str) -> dict:
@@ -118,14 +119,18 @@ def serving_lines(label: str, serve: dict) -> list[str]:
     return lines
 
 
-def profile_lines(spy: dict, kernels: dict) -> list[str]:
+def profile_lines(spy: dict | None, kernels: dict | None) -> list[str]:
     lines = []
-    if "error" in spy:
+    if spy is None:
+        pass
+    elif "error" in spy:
         lines.append(f"| py-spy | failed: {spy['error'][-300:]!r} |")
     else:
         lines += [f"| py-spy, {spy['samples']} samples, most on top of the stack | " + "; ".join(
             f"{f['share']:.0%} {f['function']}" for f in spy["self"][:8]) + " |"]
-    if "error" in kernels:
+    if kernels is None:
+        pass
+    elif "error" in kernels:
         lines.append(f"| profiler | failed: {kernels['error'][-300:]!r} |")
     else:
         lines += [f"| top kernels, one batch of {kernels['batch']} ({kernels['real_tokens']} tokens, "
@@ -136,23 +141,25 @@ def profile_lines(spy: dict, kernels: dict) -> list[str]:
 
 
 def markdown(summary: dict) -> str:
-    env, tests = summary["environment"], summary["gpu_tests"]
+    env, tests = summary["environment"], summary.get("gpu_tests")
     lines = [f"# GPU path check ({'dry run on CPU' if summary['dry_run'] else env.get('gpu', env['device'])})", "",
              f"`{summary['command']}`, {summary['date']}, {summary['seconds']:.0f} s in all.", "",
              "| what | value |", "| --- | --- |"]
     lines += [f"| {key} | {value} |" for key, value in env.items()]
-    lines += [f"| GPU-marked tests | {tests['passed']} passed, {tests['failures'] + tests['errors']} failed, "
-              f"{tests['skipped']} skipped ({tests['seconds']} s) |"]
-    lines += serving_lines("bundled model", summary["serving"])
-    lines += serving_lines("BERT-base shape", summary["serving_base"])
-    lines += profile_lines(summary["py_spy"], summary["kernels"])
-    lines.append(f"| measured matmul peak | {summary['matmul_peak_tflops']:.1f} TFLOP/s |")
-    for name, run in summary["training"].items():
+    if tests:
+        lines += [f"| GPU-marked tests | {tests['passed']} passed, {tests['failures'] + tests['errors']} failed, "
+                  f"{tests['skipped']} skipped ({tests['seconds']} s) |"]
+    for label, key in (("bundled model", "serving"), ("BERT-base shape", "serving_base")):
+        lines += serving_lines(label, summary[key]) if key in summary else []
+    lines += profile_lines(summary.get("py_spy"), summary.get("kernels"))
+    if "matmul_peak_tflops" in summary:
+        lines.append(f"| measured matmul peak | {summary['matmul_peak_tflops']:.1f} TFLOP/s |")
+    for name, run in summary.get("training", {}).items():
         lines.append(f"| training ({name}) | " + (f"failed: {run['error'][-300:]!r}" if "error" in run else
                      f"{run['tokens_per_s']:,.0f} tokens/s, {run['model_tflops']:.2f} TFLOP/s, MFU "
                      f"{run['mfu_vs_measured_peak']:.1%} of the measured peak (hidden {run['hidden']}, "
                      f"{run['layers']} layers, batch {run['batch']}, {' '.join(run['flags'][:3])})") + " |")
-    recipe = summary["training"].get("train-default", {})
+    recipe = summary.get("training", {}).get("train-default", {})
     if "recipe_hours_here" in recipe:
         lines.append(f"| `make train-default` here | {recipe['recipe_hours_here']:.2f} h: the bundled model's "
                      f"{recipe['recipe_tokens']:,} training tokens at {recipe['tokens_per_s']:,.0f} tokens/s |")
@@ -162,10 +169,10 @@ def markdown(summary: dict) -> str:
 
 def failed(summary: dict) -> list[str]:
     """The steps whose failure fails the run (profiles are diagnostics: their errors are reported only)."""
-    tests = summary["gpu_tests"]
-    broken = ["gpu_tests"] if tests["failures"] + tests["errors"] or tests["exit_code"] not in (0, 5) else []
-    broken += [k for k in ("serving", "serving_base") if "error" in summary[k]]
-    return broken + [f"training {n}" for n, run in summary["training"].items() if "error" in run]
+    tests = summary.get("gpu_tests")
+    broken = ["gpu_tests"] if tests and (tests["failures"] + tests["errors"] or tests["exit_code"] not in (0, 5)) else []
+    broken += [k for k in ("serving", "serving_base") if "error" in summary.get(k, {})]
+    return broken + [f"training {n}" for n, run in summary.get("training", {}).items() if "error" in run]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per serving row (default 5; 1 in the dry run)")
     parser.add_argument("--service-args", default="",
                         help="more flags for the service, e.g. '--workers 4' (default: none: the service's default)")
+    parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS),
+                        help="run only these steps, e.g. a second look at serving on a lease too short for all")
+    parser.add_argument("--systems", nargs="+", default=None,
+                        help="what the serving steps measure (default: service service:float32 naive)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     ensure_packages(argv)
@@ -197,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "environment": environment(device)}
         base = gpu_steps.base_checkpoint(work, args.dry_run)
         # The dry run spreads the systems over the two checkpoints (each server start costs seconds on a CPU).
-        dry = ((("service", "naive"), ("4x2",)), (("service:float32",), ("4x1",))) if args.dry_run else ((), ())
+        systems = ((tuple(args.systems or gpu_steps.SYSTEMS),),) * 2
+        dry = ((("service", "naive"), ("4x2",)), (("service:float32",), ("4x1",))) if args.dry_run else systems
         bundled = gpu_steps.DEFAULT_CHECKPOINT
         steps = {
             "gpu_tests": lambda: gpu_tests(device, work),
@@ -212,11 +224,16 @@ def main(argv: list[str] | None = None) -> int:
             "training": lambda: gpu_steps.training(device, work, args.dry_run, summary["matmul_peak_tflops"], base),
         }
         summary["step_seconds"] = {}
-        for name, step in steps.items():
+        if "training" in args.steps:
+            args.steps.append("matmul_peak_tflops")  # MFU's denominator
+        for name, step in ((n, s) for n, s in steps.items() if n in args.steps):
             step_started = time.perf_counter()
             summary[name] = step()
             summary["step_seconds"][name] = round(time.perf_counter() - step_started, 1)
             print(f"bench.gpu: {name} done in {summary['step_seconds'][name]} s", file=sys.stderr, flush=True)
+            # Each step's figures are on disk as soon as it ends: a run cut short by a lease keeps them.
+            partial = {**summary, "incomplete": True, "seconds": time.perf_counter() - started}
+            (args.out / "gpu-summary.json").write_text(json.dumps(partial, indent=1) + "\n")
     summary["seconds"] = time.perf_counter() - started
     (args.out / "gpu-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.out / "gpu-summary.md").write_text(markdown(summary))

@@ -1,7 +1,7 @@
 """The benchmarks' load generator: closed-loop HTTP clients, in this process or spread over several.
 
-One process's event loop tops out near a thousand requests/s (httpx, JSON), below what several front-end
-processes serve on a GPU host: `drive_processes` runs `python -m bench.serving.load` children, each an asyncio loop
+One process's event loop tops out at a few thousand requests/s, below what several front-end processes
+serve on a GPU host: `drive_processes` runs `python -m bench.serving.load` children, each an asyncio loop
 with its share of the clients, starting together, and merges what they measured. This module imports no
 torch, so that a child starts in a fraction of a second.
 """
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+from bench.serving.http_client import Connection
 
 
 def one_or_many(texts: list[str]) -> str | list[str]:
@@ -52,10 +52,8 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
     and wait for the answer before sending the next, until time is up. (`first_client` and `stride`: this
     loop's clients among all the processes', so that each sends its own inputs.)
 
-    Each client has its own `httpx.AsyncClient`: one shared pool of many connections costs the load
-    generator far more CPU per request as concurrency grows (against a server that answers instantly,
-    on this machine: 287 requests/s at concurrency 32 and 69 at 128 with a shared pool; 1,206 and 416
-    with a client per worker), and the load generator shares the CPU with the server.
+    Each client has its own keep-alive connection (bench.serving.http_client, not httpx: the load generator
+    must cost little next to the server it measures; with httpx it was the bound on a GPU host).
     """
     latencies: list[float] = []
     sequences = tokens = 0
@@ -65,15 +63,16 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
     async def worker(offset: int):
         nonlocal sequences, tokens
         i = offset * inputs_per_request
-        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async with Connection(url) as connection:
             while time.perf_counter() < stop_at:
                 chosen = [texts[(i + k) % len(texts)] for k in range(inputs_per_request)]
                 i += stride * inputs_per_request
                 started = time.perf_counter()
                 path, payload = request(chosen)
-                response = await (client.get(path) if payload is None else client.post(path, json=payload))
-                if response.status_code != 200:  # the benchmark counts only full answers; any error stops it
-                    raise RuntimeError(f"{url}: {response.status_code} {response.text[:200]}")
+                status, body = await (connection.request("GET", path) if payload is None else
+                                      connection.request("POST", path, json.dumps(payload).encode()))
+                if status != 200:  # the benchmark counts only full answers; any error stops it
+                    raise RuntimeError(f"{url}{path}: {status} {body[:200].decode(errors='replace')}")
                 latencies.append(time.perf_counter() - started)
                 if payload is not None:
                     sequences += len(chosen)
@@ -95,18 +94,34 @@ def drive_processes(url: str, texts: list[str], concurrency: int, duration: floa
         job.write_text(json.dumps({"url": url, "texts": texts, "token_counts": token_counts, "request": request,
                                    "inputs_per_request": inputs_per_request, "duration": duration,
                                    "concurrency": concurrency, "start_at": time.time() + 1.0 + 0.1 * processes}))
-        children = [subprocess.Popen([sys.executable, "-m", "bench.serving.load", str(job), str(k), str(processes)],
-                                     stdout=subprocess.PIPE, text=True) for k in range(processes)]
-        answers = [child.communicate(timeout=duration + 120)[0] for child in children]
-    if any(child.returncode for child in children):
-        raise RuntimeError(f"a load-generator process failed (exit codes {[c.returncode for c in children]})")
-    parts = [json.loads(answer) for answer in answers]
+        children = [subprocess.Popen([sys.executable, "-m", "bench.serving.load", str(job), str(k), str(processes)])
+                    for k in range(processes)]
+        for child in children:
+            child.wait(timeout=duration + 120)
+        if any(child.returncode for child in children):
+            raise RuntimeError(f"a load-generator process failed (exit codes {[c.returncode for c in children]})")
+        parts = [json.loads(result_path(job, k).read_text()) for k in range(processes)]
     return ([latency for part in parts for latency in part["latencies"]], sum(p["sequences"] for p in parts),
             sum(p["tokens"] for p in parts), max(p["seconds"] for p in parts))
 
 
+def run_loop(main):
+    """asyncio.run on uvloop where it is installed (it is wherever the service runs): a cheaper loop leaves
+    more of a shared machine to the server under test."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def result_path(job: Path, index: int) -> Path:
+    # A file, not stdout: uvloop leaves standard output non-blocking, and a pipe then takes 64 KiB of the JSON.
+    return job.with_name(f"result-{index}.json")
+
+
 def _child(job_path: str, index: int, processes: int) -> None:
-    """One child of `drive_processes`: clients index, index + processes, ... of the job; JSON on stdout."""
+    """One child of `drive_processes`: clients index, index + processes, ... of the job; JSON to result_path."""
     job = json.loads(Path(job_path).read_text())
     mine = len(range(index, job["concurrency"], processes))
     time.sleep(max(0.0, job["start_at"] - time.time()))  # every child starts at once
@@ -118,9 +133,10 @@ def _child(job_path: str, index: int, processes: int) -> None:
                   job["inputs_per_request"], first_client=index + k * processes, stride=job["concurrency"])
             for k in range(mine)))
 
-    results = asyncio.run(clients())
-    print(json.dumps({"latencies": [x for r in results for x in r[0]], "sequences": sum(r[1] for r in results),
-                      "tokens": sum(r[2] for r in results), "seconds": max(r[3] for r in results)}))
+    results = run_loop(clients())
+    result_path(Path(job_path), index).write_text(json.dumps({
+        "latencies": [x for r in results for x in r[0]], "sequences": sum(r[1] for r in results),
+        "tokens": sum(r[2] for r in results), "seconds": max(r[3] for r in results)}))
 
 
 if __name__ == "__main__":
