@@ -144,6 +144,8 @@ def markdown(summary: dict) -> str:
     env, tests = summary["environment"], summary.get("gpu_tests")
     lines = [f"# GPU path check ({'dry run on CPU' if summary['dry_run'] else env.get('gpu', env['device'])})", "",
              f"`{summary['command']}`, {summary['date']}, {summary['seconds']:.0f} s in all.", "",
+             *(["**Cut short**: only the steps under 'seconds per step' ended.", ""] if summary.get("incomplete")
+               else []),
              "| what | value |", "| --- | --- |"]
     lines += [f"| {key} | {value} |" for key, value in env.items()]
     if tests:

@@ -43,6 +43,7 @@ class BatchEngine(Protocol):
     def collate(self, items: list[Any]) -> PreparedBatch: ...
     def run(self, batch: PreparedBatch) -> list[Any]: ...
     def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]: ...
+    pads_attention: bool  # False: any mix of lengths costs no padding (then batches are not priced)
     def release_cached_memory(self) -> None: ...
     def is_out_of_memory(self, exc: BaseException) -> bool: ...
 
@@ -112,9 +113,10 @@ class Entry:
 Flops = Callable[[int, int, int, int], tuple[float, float]]
 
 
-def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops) -> list[Entry]:
+def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | None) -> list[Entry]:
     """The oldest entry (queue[0]) plus neighbours in length order, while the batch stays within the
-    token budget, the sequence cap and the padding cap.
+    token budget, the sequence cap and the padding cap (`flops` None: attention computes no padding, so
+    only the budget and the cap bound the batch, and no candidate is priced).
 
     Batches run packed (no padding in the token-wise layers), so padding costs only attention work:
     the cap is on the share of the batch's FLOPs spent on it, which stays near zero for short inputs
@@ -131,6 +133,10 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops) -> l
         """Padding share of the batch's compute, or None when it breaks the token budget or the cap."""
         if new_longest * count > policy.max_batch_tokens:
             return None
+        if flops is None:
+            # Pricing cost ~10 µs per entry taken (two candidates, each through the FLOPs model): on a GPU
+            # serving 80k sentences/s that alone would hold the GIL for most of a core.
+            return 0.0
         total, padding = flops(count, new_longest, new_real, new_squares)
         share = padding / total
         return share if share <= policy.max_padding_fraction else None
@@ -265,7 +271,8 @@ class Batcher:
                 waited = time.monotonic() - self._queue[0].enqueued_at
                 # Wait for company only when the device would otherwise sit idle with a small batch.
                 if not (idle and short and waited < policy.max_wait_s and not self._stopping):
-                    return self._take(choose_batch(self._queue, policy, self.engine.flops))
+                    flops = self.engine.flops if self.engine.pads_attention else None
+                    return self._take(choose_batch(self._queue, policy, flops))
                 self._cond.wait(policy.max_wait_s - waited)
                 continue
             self._cond.wait(self._next_deadline_in())

@@ -75,6 +75,9 @@ class Engine:
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = device
         self.dtype = dtype
+        # Whether a batch's attention may compute padding (False where varlen attention runs): the batcher
+        # prices candidate batches only where it may. Fixed for the engine's life, so asked once.
+        self.pads_attention = attention_pads(device, dtype, model.config.head_dim)
 
     @property
     def has_mlm_head(self) -> bool:
@@ -93,7 +96,7 @@ class Engine:
         """(FLOPs of one packed batch through `layers` (all by default), the part spent on padding): see
         `packed_batch_flops`. The batcher prices candidate batches with all layers, not knowing their kinds."""
         # No padding where attention runs on packed sequences (varlen on CUDA) or one sequence at a time (CPU).
-        per_sequence = not attention_pads(self.device, self.dtype, self.model.config.head_dim) or \
+        per_sequence = not self.pads_attention or \
             (self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares,
                                                                 self.model.config.hidden_size))
         return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence, layers)

@@ -6,6 +6,7 @@ The engine's FLOP model, on CUDA: per_sequence = not model.attention_pads(device
 
 from __future__ import annotations
 
+import random
 from functools import partial
 
 import pytest
@@ -47,3 +48,25 @@ def test_varlen_on_cuda_mixes_lengths_freely():
 def test_without_varlen_bfloat16_on_cuda_is_length_aware_too(monkeypatch):
     monkeypatch.setattr(attention, "varlen_attn", None)
     assert first_batch(torch.bfloat16) == [30] * 60
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_unpriced_batches_are_the_batches_zero_padding_pricing_makes(seed):
+    """An engine whose attention never pads (varlen) lets the batcher skip pricing (`flops` None): the batches
+    must be those that pricing every candidate at zero padding forms, batch after batch, within every cap."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(3, 300) for _ in range(300)]
+    ticket = Ticket(deadline=1e18, size=len(lengths), sink=None)
+    priced = partial(packed_batch_flops, BERT_BASE, attention_per_sequence=True)
+    policy = BatchPolicy(max_batch_tokens=4096, max_batch_size=64, max_padding_fraction=0.10)
+    queues = {way: [Entry([1] * n, ticket, i) for i, n in enumerate(lengths)] for way in ("priced", "unpriced")}
+    while queues["priced"]:
+        batches = {}
+        for way, queue in queues.items():
+            chosen = choose_batch(queue, policy, priced if way == "priced" else None)
+            queues[way] = [e for e in queue if all(e is not c for c in chosen)]
+            batches[way] = [e.index for e in chosen]
+        assert batches["priced"] == batches["unpriced"]
+        assert len(batches["priced"]) <= 64 and max(lengths[i] for i in batches["priced"]) * len(
+            batches["priced"]) <= 4096
+    assert not queues["unpriced"]
