@@ -23,6 +23,7 @@ from tokenizers import (
     trainers,
 )
 
+from model.ascii_wordpiece import from_pipeline
 from model.files import read_json_object
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -93,6 +94,7 @@ class WordPieceTokenizer:
         self._truncating_left = Tokenizer.from_str(backend.to_str())  # keeps the ends of long texts
         self._truncating_left.enable_truncation(model_max_length, strategy="longest_first", direction="left")
         self._vocab_list: list[str] | None = None
+        self._ascii = from_pipeline(json.loads(backend.to_str()))  # None: this pipeline runs in the library only
 
     # ---- construction --------------------------------------------------------------------------
 
@@ -214,8 +216,27 @@ class WordPieceTokenizer:
         backend = (self._truncating if direction == "right" else self._truncating_left) if truncate else self._backend
         encode = backend.encode_batch if offsets else backend.encode_batch_fast
         vocab = self.vocab
-        return [EncodedText(e.ids, e.type_ids, e.offsets, bool(e.overflowing), vocab)
-                for e in encode(list(inputs), add_special_tokens=True)]
+        fast = [None] * len(inputs) if offsets or self._ascii is None else \
+            [self._ascii.ids(text) if isinstance(text, str) else None for text in inputs]
+        rest = [text for text, ids in zip(inputs, fast) if ids is None]
+        slow = iter(encode(rest, add_special_tokens=True) if rest else ())
+        encoded = []
+        for ids in fast:
+            if ids is None:
+                e = next(slow)
+                encoded.append(EncodedText(e.ids, e.type_ids, e.offsets, bool(e.overflowing), vocab))
+            else:
+                encoded.append(self._with_specials(ids, truncate, direction, vocab))
+        return encoded
+
+    def _with_specials(self, ids: list[int], truncate: bool, direction: str, vocab: Sequence[str]) -> EncodedText:
+        """`[CLS] ids [SEP]` as the library's post-processor and truncation make it (model_max_length in all)."""
+        room = self.model_max_length - 2
+        truncated = truncate and len(ids) > room
+        if truncated:
+            ids = ids[:room] if direction == "right" else ids[len(ids) - room:]
+        ids = [self.cls_id, *ids, self.sep_id]
+        return EncodedText(ids, [0] * len(ids), [(0, 0)] * len(ids), truncated, vocab)
 
     def tokenize_words(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids without special tokens, for building training examples."""
