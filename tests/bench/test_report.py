@@ -50,7 +50,8 @@ def test_plots_and_markdown(quick_report):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
     text = (out / "report.md").read_text()
     assert "| model | server | precision | sentences/s | p50 ms | p99 ms | in-process limit | vs limit |" in text
-    assert "| bundled | ours | int8 |" in text and "No GPU figures" in text and "Not in this run: Infinity" in text
+    assert "| bundled | ours | int8 |" in text and "Not in this run: Infinity" in text
+    assert "GPU figures (one H100, `python -m bench.gpu`) are in the section \"On a GPU\" below" in text
     assert all(f"bench-{n}.png" in text for n in ("throughput", "latency", "precision", "length"))
 
 
