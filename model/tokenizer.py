@@ -89,12 +89,13 @@ class WordPieceTokenizer:
         self._backend = backend
         # A second copy that truncates: truncation is state on a `tokenizers.Tokenizer`, and the
         # service encodes from several threads, so each mode gets its own immutable instance.
-        self._truncating = Tokenizer.from_str(backend.to_str())
+        definition = backend.to_str()  # the vocabulary's JSON: made once for the three readers below
+        self._truncating = Tokenizer.from_str(definition)
         self._truncating.enable_truncation(model_max_length, strategy="longest_first")
-        self._truncating_left = Tokenizer.from_str(backend.to_str())  # keeps the ends of long texts
+        self._truncating_left = Tokenizer.from_str(definition)  # keeps the ends of long texts
         self._truncating_left.enable_truncation(model_max_length, strategy="longest_first", direction="left")
         self._vocab_list: list[str] | None = None
-        self._ascii = from_pipeline(json.loads(backend.to_str()))  # None: this pipeline runs in the library only
+        self._ascii = from_pipeline(json.loads(definition))  # None: this pipeline runs in the library only
 
     # ---- construction --------------------------------------------------------------------------
 

@@ -120,19 +120,16 @@ def serving_lines(label: str, serve: dict) -> list[str]:
 
 
 def profile_lines(spy: dict | None, kernels: dict | None) -> list[str]:
+    """The profiles' lines; a step left out by --steps (None) has none."""
     lines = []
-    if spy is None:
-        pass
-    elif "error" in spy:
+    if spy is not None and "error" in spy:
         lines.append(f"| py-spy | failed: {spy['error'][-300:]!r} |")
-    else:
+    elif spy is not None:
         lines += [f"| py-spy, {spy['samples']} samples, most on top of the stack | " + "; ".join(
             f"{f['share']:.0%} {f['function']}" for f in spy["self"][:8]) + " |"]
-    if kernels is None:
-        pass
-    elif "error" in kernels:
+    if kernels is not None and "error" in kernels:
         lines.append(f"| profiler | failed: {kernels['error'][-300:]!r} |")
-    else:
+    elif kernels is not None:
         lines += [f"| top kernels, one batch of {kernels['batch']} ({kernels['real_tokens']} tokens, "
                   f"{kernels['dtype']}, "
                   f"varlen attention {kernels['varlen_attention']}) | " + "; ".join(
@@ -210,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "environment": environment(device)}
         base = gpu_steps.base_checkpoint(work, args.dry_run)
         # The dry run spreads the systems over the two checkpoints (each server start costs seconds on a CPU).
-        systems = ((tuple(args.systems or gpu_steps.SYSTEMS),),) * 2
-        dry = ((("service", "naive"), ("4x2",)), (("service:float32",), ("4x1",))) if args.dry_run else systems
+        chosen = tuple(args.systems or gpu_steps.SYSTEMS)
+        dry = ((("service", "naive"), ("4x2",)), (("service:float32",), ("4x1",))) if args.dry_run else \
+            ((chosen,), (chosen,))  # (systems, loads) for each checkpoint; the loads default to LOADS
         bundled = gpu_steps.DEFAULT_CHECKPOINT
         steps = {
             "gpu_tests": lambda: gpu_tests(device, work),
@@ -226,9 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             "training": lambda: gpu_steps.training(device, work, args.dry_run, summary["matmul_peak_tflops"], base),
         }
         summary["step_seconds"] = {}
-        if "training" in args.steps:
-            args.steps.append("matmul_peak_tflops")  # MFU's denominator
-        for name, step in ((n, s) for n, s in steps.items() if n in args.steps):
+        wanted = set(args.steps) | ({"matmul_peak_tflops"} if "training" in args.steps else set())  # MFU's denominator
+        for name, step in ((n, s) for n, s in steps.items() if n in wanted):
             step_started = time.perf_counter()
             summary[name] = step()
             summary["step_seconds"][name] = round(time.perf_counter() - step_started, 1)

@@ -30,7 +30,7 @@ import torch
 from bench.serving.server_cpu import nearly_free_checkpoint
 from bench.serving.throughput import sentences
 from model import load_checkpoint
-from service.engine.batcher import BatchPolicy, Entry, Ticket, choose_batch
+from service.engine.batcher import BatchPolicy, Entry, Ticket, choose_batch, pricing
 from service.engine.engine import Engine
 from service.frontend.app import create_http_app
 from service.frontend.fast_routes import DirectEntry
@@ -161,7 +161,7 @@ def engine_us_per_input(checkpoint, texts: list[str], batch: int) -> tuple[float
     ticket = Ticket(float("inf"), 1, None)
     rng = random.Random(0)
     queue = [Entry(rng.choice(items), ticket, 0) for _ in range(512)]
-    flops = engine.flops if engine.pads_attention else None  # as the batcher prices batches
+    flops = pricing(engine)  # as the batcher prices batches
     chosen = [choose_batch(queue, policy, flops) for _ in range(3)]
     for entries in chosen:
         engine.run(engine.collate([e.item for e in entries]))  # warm-up

@@ -113,10 +113,14 @@ class Entry:
 Flops = Callable[[int, int, int, int], tuple[float, float]]
 
 
+def pricing(engine: BatchEngine) -> Flops | None:
+    """What `choose_batch` prices candidates with: the engine's FLOP model, or None where attention never pads."""
+    return engine.flops if engine.pads_attention else None
+
+
 def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | None) -> list[Entry]:
     """The oldest entry (queue[0]) plus neighbours in length order, while the batch stays within the
-    token budget, the sequence cap and the padding cap (`flops` None: attention computes no padding, so
-    only the budget and the cap bound the batch, and no candidate is priced).
+    token budget, the sequence cap and the padding cap (none with `flops` None: see `pricing`).
 
     Batches run packed (no padding in the token-wise layers), so padding costs only attention work:
     the cap is on the share of the batch's FLOPs spent on it, which stays near zero for short inputs
@@ -133,9 +137,7 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
         """Padding share of the batch's compute, or None when it breaks the token budget or the cap."""
         if new_longest * count > policy.max_batch_tokens:
             return None
-        if flops is None:
-            # Pricing cost ~10 µs per entry taken (two candidates, each through the FLOPs model): on a GPU
-            # serving 80k sentences/s that alone would hold the GIL for most of a core.
+        if flops is None:  # pricing costs ~10 µs per entry taken: most of a core at a GPU's 80k sentences/s
             return 0.0
         total, padding = flops(count, new_longest, new_real, new_squares)
         share = padding / total
@@ -271,8 +273,7 @@ class Batcher:
                 waited = time.monotonic() - self._queue[0].enqueued_at
                 # Wait for company only when the device would otherwise sit idle with a small batch.
                 if not (idle and short and waited < policy.max_wait_s and not self._stopping):
-                    flops = self.engine.flops if self.engine.pads_attention else None
-                    return self._take(choose_batch(self._queue, policy, flops))
+                    return self._take(choose_batch(self._queue, policy, pricing(self.engine)))
                 self._cond.wait(policy.max_wait_s - waited)
                 continue
             self._cond.wait(self._next_deadline_in())
@@ -396,4 +397,4 @@ class Batcher:
         self._fail([entry], error)
 
 
-__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "Sink", "Ticket", "choose_batch"]
+__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "Sink", "Ticket", "choose_batch", "pricing"]
