@@ -100,7 +100,9 @@ class AsciiWordPiece:
         self.raw_tokens, self.normalized_tokens = dict(raw_tokens), dict(normalized_tokens)
         self._raw_split, self._normalized_split = _splitter(raw_tokens), _splitter(normalized_tokens)
         self._words = _UNCASED_WORDS if lowercase else _CASED_WORDS
-        self._pieces: dict[str, list[int]] = {}
+        # Tuples, not lists: the garbage collector stops tracking a tuple of ints, while 100,000 cached lists
+        # would all be walked by every full collection of a serving process (see service/memory.py).
+        self._pieces: dict[str, tuple[int, ...]] = {}
 
     def ids(self, text: str) -> list[int] | None:
         if not text.isascii() or _NOT_HANDLED.search(text):
@@ -133,12 +135,12 @@ class AsciiWordPiece:
                 pieces[word] = found
             ids.extend(found)
 
-    def _word_pieces(self, word: str) -> list[int]:
+    def _word_pieces(self, word: str) -> tuple[int, ...]:
         if len(word) > MAX_WORD_CHARS:
-            return [self.unk_id]
+            return (self.unk_id,)
         whole = self.vocab.get(word)
         if whole is not None:
-            return [whole]
+            return (whole,)
         ids, start = [], 0
         while start < len(word):
             for end in range(len(word), start, -1):
@@ -149,5 +151,5 @@ class AsciiWordPiece:
                     start = end
                     break
             else:
-                return [self.unk_id]  # a part no piece matches: the whole word is unknown
-        return ids
+                return (self.unk_id,)  # a part no piece matches: the whole word is unknown
+        return tuple(ids)

@@ -34,9 +34,22 @@ def packed_batch_flops(config: BertConfig, count: int, longest: int, real: int, 
     lengths) are needed, and that difference is the only waste; or, with `attention_per_sequence`
     (on CPU, see `model.packing.attends_each_on_cpu`), on each sequence alone, wasting nothing.
     """
-    pair = _attention_flops_per_pair(config, layers)
-    computed_pairs = real_squares if attention_per_sequence else count * longest ** 2
-    return float(_dense_flops_per_token(config, layers) * real + pair * computed_pairs), float(pair * (computed_pairs - real_squares))
+    return BatchPricer(config, layers)(count, longest, real, real_squares, attention_per_sequence)
+
+
+class BatchPricer:
+    """`packed_batch_flops` for one model and layer count, its costs per token and per attention pair worked out
+    once: the batcher prices a few dozen candidate batches for every batch it forms."""
+
+    def __init__(self, config: BertConfig, layers: int | None = None):
+        self.per_token = _dense_flops_per_token(config, layers)
+        self.per_pair = _attention_flops_per_pair(config, layers)
+
+    def __call__(self, count: int, longest: int, real: int, real_squares: int,
+                 attention_per_sequence: bool = False) -> tuple[float, float]:
+        computed_pairs = real_squares if attention_per_sequence else count * longest * longest
+        return (float(self.per_token * real + self.per_pair * computed_pairs),
+                float(self.per_pair * (computed_pairs - real_squares)))
 
 
 def count_parameters(model: torch.nn.Module, exclude_embeddings: bool = False) -> int:

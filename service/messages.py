@@ -2,8 +2,8 @@
 
 `service.tasks` holds the work items and their results; this module adds the envelopes around them,
 their wire form, and the channel that carries them. Messages are plain dataclasses; on the wire each
-is a msgpack extension holding its type tag and fields, and a numpy array one holding its dtype, shape
-and raw bytes (no pickle: nothing on the wire can name code to run).
+is a one-entry msgpack map from its type tag to its fields, and a numpy array one holding its dtype,
+shape and raw bytes (no pickle: nothing on the wire can name code to run).
 
     HTTP front end  --Hello, Submit, Cancel-->  engine   PUSH -> PULL: [identity, message, message, ...]
     HTTP front end  <--Status, Done, Failed---  engine   PUB -> SUB:   [topic(identity), message, ...]
@@ -109,40 +109,58 @@ _TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, F
           SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector)
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
-_ARRAY, _RECORD = 1, 2  # extension codes: a numpy array, a dataclass of _TYPES
+_ARRAY = -1  # the map key of a numpy array: {-1: [dtype, shape, raw bytes]}
 
 
-def _pack_default(value):
-    if isinstance(value, np.ndarray):
-        array = np.ascontiguousarray(value)
-        header = msgpack.packb((array.dtype.str, array.shape))
-        return msgpack.ExtType(_ARRAY, len(header).to_bytes(2, "little") + header + array.tobytes())
+def _wire(value):
+    """`value` as msgpack's own types, in one pass of Python: a dataclass of _TYPES becomes the one-entry map
+    {tag: [fields]}, a numpy array {-1: [dtype, shape, bytes]}; nothing else the messages carry is a map, so
+    the decoder knows both by their shape. (msgpack's `default` hook with an extension type per object, packed
+    on its own, cost 136 µs to send eight pooled vectors; this costs a fifth of that.)"""
     cls = type(value)
     if cls in _TAG:
-        fields = [_TAG[cls], *(getattr(value, name) for name in _FIELDS[cls])]
-        return msgpack.ExtType(_RECORD, msgpack.packb(fields, default=_pack_default, use_bin_type=True))
-    if isinstance(value, np.generic):
-        return value.item()
+        return {_TAG[cls]: [_wire_field(getattr(value, name)) for name in _FIELDS[cls]]}
+    if cls is np.ndarray:
+        return {_ARRAY: [value.dtype.str, value.shape, np.ascontiguousarray(value).tobytes()]}
     raise TypeError(f"cannot send a {cls.__name__}")
 
 
-def _unpack_ext(code: int, data: bytes):
-    if code == _RECORD:
-        tag, *fields = msgpack.unpackb(data, ext_hook=_unpack_ext, raw=False)
-        return _TYPES[tag](*fields)
-    if code != _ARRAY:
-        raise ValueError(f"unknown extension {code}")
-    size = int.from_bytes(data[:2], "little")
-    dtype, shape = msgpack.unpackb(data[2:2 + size])
-    return np.frombuffer(data, dtype=np.dtype(dtype), offset=2 + size).reshape(shape)
+def _wire_field(value):
+    cls = type(value)
+    if cls in _TAG or cls is np.ndarray:
+        return _wire(value)
+    if cls is list and value and (type(value[0]) in _TAG or type(value[0]) is np.ndarray):
+        return [_wire(v) for v in value]  # items or results (a list of token ids goes as it is)
+    return value
+
+
+def _unwire(value):
+    """Before `_wire`, from its maps (msgpack's object_hook: every map decoded, innermost first)."""
+    (tag, fields), = value.items()
+    if tag == _ARRAY:
+        dtype, shape, data = fields
+        return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)  # an object dtype refuses raw bytes
+    return _TYPES[tag](*fields)
+
+
+def _leftover(value):
+    """What `_wire_field` did not look inside: numpy scalars where a number is expected."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) or type(value) in _TAG:
+        return _wire(value)
+    raise TypeError(f"cannot send a {type(value).__name__}")
 
 
 def encode(message: Message) -> bytes:
-    return msgpack.packb(message, default=_pack_default, use_bin_type=True)
+    return msgpack.packb(_wire(message), default=_leftover, use_bin_type=True)
 
 
 def decode(frame: bytes) -> Message:
-    message = msgpack.unpackb(frame, ext_hook=_unpack_ext, raw=False)
+    try:
+        message = msgpack.unpackb(frame, object_hook=_unwire, strict_map_key=False, raw=False)
+    except (KeyError, IndexError, TypeError) as exc:  # a map that is no message of ours
+        raise ValueError(f"not a message: {exc}") from None
     if not isinstance(message, (Hello, Submit, Cancel, Status, Done, Failed)):
         raise ValueError("not a message")
     return message

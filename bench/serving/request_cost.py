@@ -113,18 +113,25 @@ async def front_end_us(checkpoint: Path, texts: list[str], per_request: int, req
     return best
 
 
+class _Cycle:
+    """One request as uvicorn's request object holds it: the body, then nothing until the client leaves (it
+    stays), and `disconnected` for the front end's watch (service.frontend.disconnects)."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+        self.disconnected = False
+        self.never = asyncio.Event()
+
+    async def receive(self):
+        if self.body is not None:
+            body, self.body = self.body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.never.wait()
+
+
 async def _post(served, body: bytes) -> int:
     """One POST /embed through the ASGI app `served`; its status."""
-    delivered = False
-    never = asyncio.Event()
     statuses = []
-
-    async def receive():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await never.wait()  # the client stays connected
 
     async def send(message):
         if message["type"] == "http.response.start":
@@ -135,7 +142,7 @@ async def _post(served, body: bytes) -> int:
              "headers": [(b"host", b"t"), (b"content-type", b"application/json"),
                          (b"content-length", str(len(body)).encode())],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {}}
-    await served(scope, receive, send)
+    await served(scope, _Cycle(body).receive, send)
     return statuses[0]
 
 

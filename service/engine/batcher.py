@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Protocol
 
 from service.errors import ServiceError
@@ -111,6 +112,7 @@ class Entry:
 
 
 Flops = Callable[[int, int, int, int], tuple[float, float]]
+_LENGTH = attrgetter("length")
 
 
 def pricing(engine: BatchEngine) -> Flops | None:
@@ -127,7 +129,7 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
     of any mix and grows when long and short inputs share a batch. Each step takes the side (shorter
     or longer neighbour) that wastes less. Entries left out go into the next batch.
     """
-    by_length = sorted(queue, key=lambda e: e.length)
+    by_length = sorted(queue, key=_LENGTH)
     anchor = by_length.index(queue[0])
     lo, hi = anchor, anchor + 1  # chosen = by_length[lo:hi]
     longest = real = by_length[anchor].length
@@ -229,9 +231,13 @@ class Batcher:
             entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
             self._queue.extend(entries)
             self._queued_tokens += sum(e.length for e in entries)
+            sooner = ticket.deadline < self._earliest_deadline
             self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
-            self._cond.notify()
+            # With a batch already prepared the packer only waits for a runner (which wakes it) or for the
+            # earliest deadline: waking it for nothing cost a GIL hand-over and two context switches a request.
+            if self._prepared is None or sooner:
+                self._cond.notify()
 
     def cancel(self, ticket: Ticket) -> None:
         """The request's client went away: its entries that have not run are dropped (any thread)."""
@@ -280,7 +286,11 @@ class Batcher:
 
     def _take(self, chosen: list[Entry]) -> list[Entry]:
         chosen_ids = {id(e) for e in chosen}
-        self._set_queue(deque(e for e in self._queue if id(e) not in chosen_ids))
+        self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
+        self._queued_tokens -= sum(e.length for e in chosen)
+        # _earliest_deadline is left as it was: still a lower bound, so at worst it causes one needless look
+        # through the queue (which sets it exactly), and it saves a pass over the whole queue every batch.
+        self.metrics.queue_depth.set(len(self._queue))
         return chosen
 
     def _set_queue(self, queue: deque[Entry]) -> None:

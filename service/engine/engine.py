@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
 from model.attention import attention_pads
-from model.flops import packed_batch_flops
+from model.flops import BatchPricer, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from service.tasks import (
     ClassifyItem,
@@ -78,6 +78,7 @@ class Engine:
         # Whether a batch's attention may compute padding (False where varlen attention runs): the batcher
         # prices candidate batches only where it may. Fixed for the engine's life, so asked once.
         self.pads_attention = attention_pads(device, dtype, model.config.head_dim)
+        self._price_all_layers = BatchPricer(model.config)
 
     @property
     def has_mlm_head(self) -> bool:
@@ -99,6 +100,8 @@ class Engine:
         per_sequence = not self.pads_attention or \
             (self.device.type == "cpu" and attends_each_on_cpu(count, longest, real_squares,
                                                                 self.model.config.hidden_size))
+        if layers is None:
+            return self._price_all_layers(count, longest, real, real_squares, per_sequence)
         return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence, layers)
 
     def collate(self, items: list[Item]) -> Batch:

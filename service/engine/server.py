@@ -26,6 +26,7 @@ from service.engine.batcher import Ticket
 from service.engine.loader import LoadedEngine, load_engine
 from service.errors import ServiceError
 from service.launch import die_with_parent, read_launch_record
+from service.memory import freeze_loaded_objects
 from service.messages import (
     EVERYONE,
     Cancel,
@@ -119,6 +120,7 @@ class EngineServer:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             self._set_status(Status("failed", str(exc)))
             return
+        freeze_loaded_objects()
         self._set_status(Status("ready", facts=self.loaded.facts))
 
     def _set_status(self, status: Status) -> None:

@@ -48,6 +48,9 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
                 log.error("cannot serve: %s", exc)
                 if app.state.on_load_failure is not None:
                     app.state.on_load_failure(exc)
+                return
+            if app.state.on_loaded is not None:
+                app.state.on_loaded()
 
         app.state.loading = asyncio.create_task(load())
         # Take connections once this process knows as much as the engine: at once while it loads (/health
@@ -69,6 +72,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
                   docs_url=None, redoc_url=None)  # served by service.frontend.pages from local assets
     app.state.runtime = runtime
     app.state.on_load_failure = None
+    app.state.on_loaded = None  # called once loading succeeded (service.frontend.serve: the garbage collector)
     routers = (public, api, openai, openai_alias, tei, classify, root)
     for router in routers:
         app.include_router(router)

@@ -27,6 +27,7 @@ from pydantic import TypeAdapter
 from starlette.requests import Request
 
 from service.errors import ServiceError
+from service.frontend.disconnects import HTTP_CYCLE, can_sweep
 from service.frontend.http_errors import answer_exception
 
 
@@ -134,5 +135,8 @@ class DirectEntry:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
             scope["app"] = self.app  # what Starlette sets: the routes' dependencies read the app's state
+            cycle = can_sweep(receive)
+            if cycle is not None:  # the middleware wraps `receive`: the routes find the request object here
+                scope[HTTP_CYCLE] = cycle
             return await self.chain(scope, receive, send)
         return await self.app(scope, receive, send)

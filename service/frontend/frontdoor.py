@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
+from service.frontend.disconnects import Watch
 from service.frontend.link import EngineLink
 from service.frontend.inputs import (
     Limits,
@@ -86,7 +87,7 @@ class NspOutput:
         return self.score >= 0.5
 
 
-Waiter = Callable[[], Awaitable[None]] | None  # returns when the caller has gone (see _compute)
+Waiter = Watch | None  # how to learn that the caller has gone (service.frontend.disconnects)
 
 
 class FrontDoor:
@@ -218,20 +219,27 @@ class FrontDoor:
         return result
 
     async def _compute(self, items: list[Item], gone: Waiter) -> list:
-        """Queue the items and wait for their results, or until `gone()` returns (the caller left)."""
+        """Queue the items and wait for their results, or until `gone` says the caller left."""
         pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s)
         if gone is None:
             return await pending.result  # a failed item has already cancelled the rest of the request
-        left = asyncio.ensure_future(gone())
+        left = False
+
+        def on_gone() -> None:
+            nonlocal left
+            left = True
+            pending.cancel()  # the engine drops this request's queued entries before compute
+            pending.result.cancel()
+
+        stop_watching = gone(on_gone)
         try:
-            done, _ = await asyncio.wait((pending.result, left), return_when=asyncio.FIRST_COMPLETED)
+            return await pending.result
+        except asyncio.CancelledError:
+            if not left:
+                raise  # this task itself was cancelled
+            raise ServiceError("unavailable", "client disconnected") from None
         finally:
-            left.cancel()
-        if pending.result in done:
-            return pending.result.result()
-        pending.cancel()  # the engine drops this request's queued entries before compute
-        pending.result.cancel()
-        raise ServiceError("unavailable", "client disconnected")
+            stop_watching()
 
     def _predictions(self, input_ids: list[int], result: FillMaskScores) -> list[MaskOutput]:
         tokenizer = self.tokenizer

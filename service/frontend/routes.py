@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
+from service.frontend.disconnects import client_gone
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.http_errors import STATUS
 from service.frontend.inputs import Preparation
@@ -52,16 +53,6 @@ async def require_api_key(request: Request) -> None:
 async def require_metrics_key(request: Request) -> None:
     if request.app.state.runtime.settings.metrics_require_key:
         await require_api_key(request)
-
-
-def client_gone(request: Request):
-    """A coroutine function that returns when the client disconnects (the front door stops waiting)."""
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    return gone
 
 
 Door = Annotated[FrontDoor, Depends(get_frontdoor)]

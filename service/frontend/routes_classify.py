@@ -12,7 +12,8 @@ from starlette.responses import Response
 from service.errors import ServiceError
 from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
-from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.disconnects import client_gone
+from service.frontend.routes import Door, State, require_api_key
 from service.frontend.routes_tei import ERRORS
 from service.frontend.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 

@@ -14,7 +14,8 @@ from starlette.responses import Response
 from service.errors import ServiceError
 from service.frontend.inputs import preparation
 from service.frontend.outputs import b64_floats, json_response
-from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.disconnects import client_gone
+from service.frontend.routes import Door, State, require_api_key
 from service.frontend.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, OpenAIError
 
 ERRORS = {status: {"model": OpenAIError} for status in (400, 401, 413, 415, 429, 500, 501, 503)}

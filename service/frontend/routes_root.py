@@ -31,7 +31,8 @@ from service.errors import ServiceError
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
-from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.disconnects import client_gone
+from service.frontend.routes import Door, State, require_api_key
 from service.frontend.routes_tei import ERRORS
 from service.frontend.schemas import Strict, Text
 from service.frontend.schemas_tei import Direction, TeiInput, TeiSimilarityRequest

@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from service.frontend.inputs import preparation
 from service.frontend.outputs import json_response
-from service.frontend.routes import Door, State, client_gone, require_api_key
+from service.frontend.disconnects import client_gone
+from service.frontend.routes import Door, State, require_api_key
 from service.frontend.schemas_tei import (
     TeiDecodeRequest,
     TeiEmbedAllRequest,

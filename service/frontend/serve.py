@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from service.frontend.fast_routes import DirectEntry
+from service.memory import freeze_loaded_objects
 from service.settings import Settings
 
 
@@ -45,5 +46,6 @@ def serve_http(app: FastAPI, settings: Settings, fd: int | None = None) -> Excep
         server.should_exit = True
 
     app.state.on_load_failure = stop_on_failure
+    app.state.on_loaded = freeze_loaded_objects  # with --workers 0, the engine's objects too
     server.run(sockets=sockets)
     return failed[0] if failed else None
