@@ -19,8 +19,30 @@ from trainer.placement import Placement
 from trainer.step import first_segments, mean_pooled, vector_inputs
 
 
+_SUMS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "drift")
+
+
+class StepStats:
+    """One step's losses and accuracies, still on the device: `values()` reads them (and waits for the step)."""
+
+    def __init__(self, sums: torch.Tensor, masked: int, pairs: int, preserve_embeddings: float | None):
+        self.sums, self.masked, self.pairs, self.preserve_embeddings = sums, masked, pairs, preserve_embeddings
+
+    def values(self) -> dict:
+        totals = dict(zip(_SUMS, self.sums.tolist()))
+        mlm = totals["mlm_loss"] / max(self.masked, 1)
+        nsp = totals["nsp_loss"] / self.pairs
+        stats = {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp,
+                 "mlm_accuracy": totals["mlm_correct"] / max(self.masked, 1),
+                 "nsp_accuracy": totals["nsp_correct"] / self.pairs}
+        if self.preserve_embeddings is not None:
+            stats["embedding_drift"] = totals["drift"] / self.pairs
+            stats["loss"] += self.preserve_embeddings * stats["embedding_drift"]
+        return stats
+
+
 class GradientStep:
-    """`step(batch, masked, step_number) -> stats`: forward, backward and the optimizer's update.
+    """`step(batch, masked, step_number) -> StepStats`: forward, backward and the optimizer's update.
 
     `wrapped` is the step module as DDP wraps it (its `no_sync` skips the all-reduce of all but the last
     micro-batch); `step_model` is what runs forward (the wrapped module, compiled or not)."""
@@ -36,8 +58,10 @@ class GradientStep:
         options, device, world, rank = self.options, self.placement.device, self.placement.world, self.placement.rank
         per_rank = options.batch_size // world
         micro = per_rank // options.grad_accum
-        total_masked = int(masked.positions.sum())
-        totals = {"mlm_loss": 0.0, "nsp_loss": 0.0, "mlm_correct": 0, "nsp_correct": 0, "drift": 0.0}
+        total_masked = int(masked.positions.sum())  # (the batch is on the host: no wait for the device)
+        # Summed on the device: reading a value back each micro-batch made the host wait for the device four
+        # times a micro-batch, and the device then idled while the host queued the next work.
+        sums = torch.zeros(len(_SUMS), device=device)
         label_offsets = torch.cumsum(masked.positions.sum(dim=1), 0)
         for index in range(options.grad_accum):
             lo = rank * per_rank + index * micro
@@ -63,12 +87,12 @@ class GradientStep:
                 if self.teacher is not None:
                     drift_sum = self._drift(inputs, positions, clean, vectors).sum()
                     loss = loss + options.preserve_embeddings * drift_sum / options.batch_size
-                    totals["drift"] += drift_sum.item()
+                    sums[4] += drift_sum.detach()
                 (loss * world).backward()
-            totals["mlm_loss"] += mlm_sum.item()
-            totals["nsp_loss"] += nsp_sum.item()
-            totals["mlm_correct"] += int((mlm_logits.argmax(-1) == labels).sum())
-            totals["nsp_correct"] += int((nsp_logits.argmax(-1) == nsp_labels).sum())
+            sums[0] += mlm_sum.detach()
+            sums[1] += nsp_sum.detach()
+            sums[2] += (mlm_logits.argmax(-1) == labels).sum()
+            sums[3] += (nsp_logits.argmax(-1) == nsp_labels).sum()
         if step_number < options.freeze_encoder_steps:
             # The fresh heads learn against the encoder as it is: its gradients are dropped, so the optimizer
             # (AdamW skips parameters without one) neither moves nor decays it. DDP-safe: nothing is unhooked.
@@ -79,15 +103,8 @@ class GradientStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         local_masked = int(masked.positions[rank * per_rank : (rank + 1) * per_rank].sum())
-        mlm = totals["mlm_loss"] / max(local_masked, 1)
-        nsp = totals["nsp_loss"] / per_rank
-        stats = {"loss": mlm + nsp, "mlm_loss": mlm, "nsp_loss": nsp,
-                 "mlm_accuracy": totals["mlm_correct"] / max(local_masked, 1),
-                 "nsp_accuracy": totals["nsp_correct"] / per_rank}
-        if self.teacher is not None:
-            stats["embedding_drift"] = totals["drift"] / per_rank
-            stats["loss"] += options.preserve_embeddings * stats["embedding_drift"]
-        return stats
+        preserve = self.options.preserve_embeddings if self.teacher is not None else None
+        return StepStats(sums, local_masked, per_rank, preserve)
 
     def _drift(self, inputs: tuple[torch.Tensor, ...], positions: torch.Tensor,
                clean: tuple[torch.Tensor, torch.Tensor] | None, vectors: torch.Tensor) -> torch.Tensor:

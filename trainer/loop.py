@@ -193,15 +193,16 @@ class Training:
                 progress.elapsed_s += time.perf_counter() - step_start
 
                 if progress.step % options.log_every == 0:
+                    values = stats.values()  # the one wait for the device between logged steps
                     tokens_per_s = window_tokens / max(time.perf_counter() - window_start, 1e-9)
                     row = {"step": progress.step, "passes": round(progress.tokens_seen / self.pairs.total_tokens, 4),
                            "lr": options.lr * factor, "tokens_per_s": tokens_per_s,
-                           "elapsed_s": round(progress.elapsed_s, 2), **stats}
+                           "elapsed_s": round(progress.elapsed_s, 2), **values}
                     if self.placement.device.type == "cuda":
                         row["model_tflops"] = tokens_per_s * self.flops_per_token / 1e12
                     self.files.log(row)
                     window_tokens, window_start = 0, time.perf_counter()
-                    bar.set_postfix(loss=f"{stats['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
+                    bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
                                     eta=self.files.eta(progress, run_progress(progress, options)))
                 bar.update(1)
                 done = run_progress(progress, options) >= 1.0
