@@ -30,7 +30,8 @@ import torch
 from bench.serving.server_cpu import nearly_free_checkpoint
 from bench.serving.throughput import sentences
 from model import load_checkpoint
-from service.engine.batcher import BatchPolicy, Entry, Ticket, choose_batch, pricing
+from service.engine.batch_choice import choose_batch, pricing
+from service.engine.batcher import BatchPolicy, Entry, Ticket
 from service.engine.engine import Engine
 from service.frontend.app import create_http_app
 from service.frontend.fast_routes import DirectEntry

@@ -7,7 +7,8 @@ from functools import partial
 from pathlib import Path
 
 from model.flops import packed_batch_flops
-from service.engine.batcher import Batcher, BatchPolicy, Entry, Ticket, choose_batch
+from service.engine.batch_choice import choose_batch
+from service.engine.batcher import Batcher, BatchPolicy, Entry, Ticket
 from service.metrics import Metrics
 from tests.conftest import tiny_config
 

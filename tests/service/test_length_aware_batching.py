@@ -15,7 +15,8 @@ import torch
 import model.attention as attention
 from model import BertConfig, attention_pads
 from model.flops import packed_batch_flops
-from service.engine.batcher import BatchPolicy, Entry, Ticket, choose_batch
+from service.engine.batch_choice import choose_batch
+from service.engine.batcher import BatchPolicy, Entry, Ticket
 from service.settings import Settings
 
 BERT_BASE = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
