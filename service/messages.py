@@ -144,12 +144,9 @@ def _unwire(value):
 
 
 def _leftover(value):
-    """What `_wire_field` did not look inside: numpy scalars where a number is expected."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray) or type(value) in _TAG:
-        return _wire(value)
-    raise TypeError(f"cannot send a {type(value).__name__}")
+    """What msgpack cannot pack of what `_wire_field` passed as it is: numpy scalars, records or arrays nested in
+    a plain list; anything else is refused (by `_wire`)."""
+    return value.item() if isinstance(value, np.generic) else _wire(value)
 
 
 def encode(message: Message) -> bytes:
