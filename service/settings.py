@@ -42,11 +42,13 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(16384, ge=16, description=(
         "Token budget of one forward pass, counting padding. Larger batches raise throughput until the device "
         "saturates, and raise the latency of every item in them."))
-    cpu_batch_tokens: int = Field(1024, ge=0, description=(
+    cpu_batch_tokens: int | Literal["auto", "measure"] = Field("auto", description=(
         "On CPU, the most tokens in one batch (within max_batch_tokens). Past a model- and CPU-dependent size, "
-        "bigger batches are slower per sequence on a CPU (their activations leave the caches); the default is the "
-        "best of a sweep (bench.serving --batch-sizes) for both benchmark models. 0 = measure it at start-up (a few seconds "
-        "more). Ignored on GPU."))
+        "bigger batches are slower per sequence on a CPU (their activations leave the caches); below it each "
+        "batch's fixed cost is shared by too few. auto = sized from the model's width: the largest power of two "
+        "whose feed-forward activation fits 6 MiB (1024 for all-MiniLM-L6-v2, 512 for BERT-base, more for "
+        "smaller models); measure = timed at start-up (a few seconds more); or a number of tokens (at least 16). "
+        "Ignored on GPU."))
     cpu_keep_freed_memory: bool = Field(True, description=(
         "On CPU under Linux (glibc), keep memory freed by finished tensors for the next ones instead of returning "
         "it to the kernel, which otherwise costs page faults on nearly every op's output (measured with "
@@ -116,6 +118,14 @@ class Settings(BaseSettings):
         if value != "auto" and not 0 <= value <= 64:
             raise ValueError("workers must be auto or a number of front-end processes from 0 to 64")
         return value
+
+    @field_validator("cpu_batch_tokens")
+    @classmethod
+    def _cpu_batch_tokens(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 16:
+            raise ValueError("cpu_batch_tokens must be auto, measure or a number of tokens of at least 16")
+        return value
+
     @field_validator("checkpoint", mode="before")
     @classmethod
     def _path_as_text(cls, value):

@@ -1,13 +1,18 @@
-"""How many tokens a batch should hold on this CPU, measured at start-up.
+"""How many tokens a batch should hold on a CPU: sized from the model's width, or measured at start-up.
 
 On a GPU, bigger batches are faster per sequence until memory runs out. On a CPU they are only up to a
 point: past it a batch's activations no longer fit the caches, and its elementwise work (GELU,
-LayerNorm, softmax) waits on memory. Measured in-process on this project's 2-core machine (BENCHMARKS.md),
-the bundled model served most sequences per second at batches of 16 x 33 tokens and 30% fewer at 128.
-Where that point lies depends on the model's width and on the CPU. The default (`cpu_batch_tokens`) comes
-from measurement; with `--cpu-batch-tokens 0` it is measured at start-up instead: batches of 32-token
-inputs at several token counts, timed with the threads one compute runner has, and the largest batch
-within `tolerance` of the best time per token wins.
+LayerNorm, softmax) waits on memory. Below it, each batch's fixed cost (a hundred-odd operator calls, the
+packing, the results) is spread over too few sequences. Where that point lies depends on the model's width:
+timed in-process on this project's 2-core machine with one thread and 32-token inputs (`python -m
+bench.cpu_batch_tokens`; figures in BENCHMARKS.md), models with feed-forward widths 1,024 / 1,536 / 3,072 /
+4,096 ran fastest per token at 512-1,024 tokens a batch and 5-20% slower at 4,096, while a 64-wide one kept
+getting faster up to 4,096 (its fixed cost dominates). So by default (`cpu_batch_tokens` auto) the budget is the largest power of two
+of tokens whose widest activation, the feed-forward's (tokens x intermediate size), fits ACTIVATION_BYTES:
+1,024 for all-MiniLM-L6-v2, 512 for BERT-base, the whole max_batch_tokens for a toy model. With
+`--cpu-batch-tokens measure` it is timed at start-up instead: batches of 32-token inputs at several token
+counts, with the threads one compute runner has, and the largest batch within `tolerance` of the best time
+per token wins (on a flat curve, as real models have, that choice is at the mercy of noise).
 """
 
 from __future__ import annotations
@@ -20,6 +25,16 @@ from service.tasks import EncodeItem
 log = logging.getLogger("service")
 SIZES = (256, 512, 1024, 2048, 4096)  # tokens per batch tried
 INPUT_TOKENS = 32  # a typical sentence
+ACTIVATION_BYTES = 6 << 20  # a few L2s' worth; the sweep's best for every width it tried (module docstring)
+SMALLEST_BUDGET = 256  # the smallest size the sweep tried: what a model wider than any it tried gets
+
+
+def batch_tokens_for_width(intermediate_size: int, element_bytes: int, ceiling: int) -> int:
+    """The largest power of two of tokens whose feed-forward activation fits ACTIVATION_BYTES, kept within
+    [SMALLEST_BUDGET, ceiling]."""
+    fitting = ACTIVATION_BYTES // max(1, intermediate_size * element_bytes)
+    power = 1 << max(0, fitting.bit_length() - 1)
+    return max(min(SMALLEST_BUDGET, ceiling), min(power, ceiling))
 
 
 def measure_batch_tokens(engine, token_id: int, cls_id: int, sep_id: int, ceiling: int, tolerance: float = 0.10,

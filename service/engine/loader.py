@@ -16,7 +16,7 @@ import torch
 
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.device import keep_freed_memory, pick_device
-from service.engine.batch_size import measure_batch_tokens
+from service.engine.batch_size import batch_tokens_for_width, measure_batch_tokens
 from service.engine.batcher import Batcher, BatchPolicy
 from service.engine.engine import Engine
 from service.engine.precision import Precision, PrecisionError, choose, prepare_model
@@ -51,6 +51,21 @@ def plan_compute(concurrent_batches: int, device: torch.device) -> int:
     return batches
 
 
+def batch_tokens_on_cpu(s: Settings, engine: Engine, tokenizer, precision: Precision) -> int:
+    """The token budget of one batch on a CPU: the setting, else sized from the model's width, else measured."""
+    if isinstance(s.cpu_batch_tokens, int):
+        return min(s.cpu_batch_tokens, s.max_batch_tokens)
+    if s.cpu_batch_tokens == "measure":
+        return measure_batch_tokens(engine, tokenizer.token_to_id("the") or tokenizer.unk_id, tokenizer.cls_id,
+                                    tokenizer.sep_id, ceiling=s.max_batch_tokens)
+    # int8 layers hand float32 activations on; only bfloat16/float16 halve them
+    element_bytes = torch.empty((), dtype=precision.dtype).element_size()
+    chosen = batch_tokens_for_width(engine.model.config.intermediate_size, element_bytes, s.max_batch_tokens)
+    log.info("batch size on this CPU: %d tokens per batch (feed-forward %d wide, %d-byte activations)", chosen,
+             engine.model.config.intermediate_size, element_bytes)
+    return chosen
+
+
 def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> LoadedEngine:
     """Load, warm up and start batching; raises RuntimeError/CheckpointError/ValueError with a message to show."""
     started = time.perf_counter()
@@ -73,9 +88,7 @@ def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> Lo
         engine.warm_up(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
     batch_tokens = s.max_batch_tokens
     if device.type == "cpu":
-        batch_tokens = min(batch_tokens, s.cpu_batch_tokens or measure_batch_tokens(
-            engine, tokenizer.token_to_id("the") or tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id,
-            ceiling=s.max_batch_tokens))
+        batch_tokens = batch_tokens_on_cpu(s, engine, tokenizer, precision)
     policy = BatchPolicy(batch_tokens, s.max_batch_size, s.max_wait_ms / 1000, s.max_queue_items,
                          s.max_padding_fraction, runners=runners, runner_niceness=s.compute_niceness)
     batcher = Batcher(engine, policy, metrics)

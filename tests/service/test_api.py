@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 
+from service.settings import Settings
 from tests.conftest import wikitext_lines
 from tests.service.conftest import serving
 
@@ -180,6 +181,8 @@ async def test_health_info_metrics_and_docs(tiny_checkpoint):
     assert info["config"]["hidden_size"] == 64 and info["device"] == "cpu" and info["dtype"] == "float32"
     assert info["heads"] == {"mlm": True, "nsp": True, "classifier": False}
     assert info["limits"]["max_batch_tokens"] == 16384 and info["limits"]["api_key"] is None
+    # cpu_batch_tokens auto: 6 MiB over a 128-wide float32 feed-forward is 12,288 tokens; the power of two below
+    assert info["limits"]["batch_tokens_in_force"] == 8192
     for name in ("bert_requests_total", "bert_request_failures_total", "bert_queue_depth", "bert_queue_time_seconds",
                  "bert_inference_seconds", "bert_batch_sequences", "bert_batch_tokens", "bert_batch_padding_fraction"):
         assert name in metrics
@@ -216,3 +219,15 @@ async def test_api_key_from_a_file_is_required_and_not_shown(tiny_checkpoint, tm
         assert (await client.post("/nsp", json={"inputs": ["a", "b"]}, headers=auth)).status_code == 200
         info = (await client.get("/info", headers=auth)).text
     assert "a-long-secret" not in info and str(tmp_path) not in info
+
+
+async def test_cpu_batch_size_setting(tiny_checkpoint):
+    """A number is taken as it is (within max_batch_tokens), and /info says what is in force."""
+    assert Settings().cpu_batch_tokens == "auto" and Settings(cpu_batch_tokens="measure").cpu_batch_tokens == "measure"
+    assert Settings(cpu_batch_tokens="2048").cpu_batch_tokens == 2048  # as the flag and BERT_CPU_BATCH_TOKENS give it
+    for bad in (8, "big", 0):
+        with pytest.raises(ValueError, match="cpu_batch_tokens"):
+            Settings(cpu_batch_tokens=bad)
+    for setting, in_force in ((512, 512), (20000, 16384)):
+        async with serving(tiny_checkpoint, cpu_batch_tokens=setting) as client:
+            assert (await client.get("/info")).json()["limits"]["batch_tokens_in_force"] == in_force

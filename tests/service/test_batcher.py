@@ -102,7 +102,7 @@ def test_compute_threads_run_at_the_asked_niceness():
 
 
 def test_cpu_batch_size_is_the_largest_within_reach_of_the_fastest(monkeypatch):
-    """`--cpu-batch-tokens 0`: a measured curve whose time per token is lowest at 1024 tokens and rises past it
+    """`--cpu-batch-tokens measure`: a measured curve whose time per token is lowest at 1024 tokens and rises past it
     (on a simulated clock, so the test does not depend on this machine's load)."""
     import service.engine.batch_size
     from service.engine.batch_size import measure_batch_tokens
@@ -121,3 +121,16 @@ def test_cpu_batch_size_is_the_largest_within_reach_of_the_fastest(monkeypatch):
     assert measure_batch_tokens(CurveEngine(), 7, 2, 3, ceiling=16384) == 2048  # within 10% of 1024's time
     assert measure_batch_tokens(CurveEngine(), 7, 2, 3, ceiling=16384, tolerance=0.01) == 1024
     assert measure_batch_tokens(CurveEngine(), 7, 2, 3, ceiling=600) == 512  # never past the ceiling
+
+
+def test_cpu_batch_size_by_default_follows_the_feed_forward_width():
+    """`--cpu-batch-tokens auto`: the widest activation of a batch fits ACTIVATION_BYTES (6 MiB)."""
+    from service.engine.batch_size import batch_tokens_for_width
+
+    assert batch_tokens_for_width(1536, 4, 16384) == 1024  # all-MiniLM-L6-v2, the bundled model
+    assert batch_tokens_for_width(3072, 4, 16384) == 512  # BERT-base
+    assert batch_tokens_for_width(3072, 2, 16384) == 1024  # BERT-base in bfloat16: half the bytes
+    assert batch_tokens_for_width(64, 4, 16384) == 16384  # a toy model: the whole budget, its fixed cost dominates
+    assert batch_tokens_for_width(64, 4, 4000) == 4000  # never past max_batch_tokens
+    assert batch_tokens_for_width(1 << 20, 4, 16384) == 256  # absurdly wide: still a useful batch
+    assert batch_tokens_for_width(1 << 20, 4, 100) == 100
