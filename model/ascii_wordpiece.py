@@ -16,20 +16,37 @@ BENCHMARKS.md). For text of printable ASCII, BERT's pipeline reduces to string o
    piece or the word exceeds 100 characters. Words repeat, so each word's pieces are kept once found, as the
    library's own WordPiece cache does.
 
-Anything else goes to the library: a character outside printable ASCII, tab, newline and return; a pipeline not
-of this shape; pairs; requests for character offsets. `tests/model/test_ascii_wordpiece.py` compares the two on
-every WikiText-2 line and on generated ASCII.
+Typographic punctuation outside ASCII (dashes, curly quotes, ellipsis, guillemets: `EXTRA_PUNCTUATION`) is
+handled too: BERT's pre-tokenizer splits every character of a Unicode punctuation category off as a word, and
+lower-casing and accent stripping leave these unchanged. In WikiText-2's test sentences one in 23 has an en or em
+dash, and the library costs six times the fast path on them (72 against 12 µs a sentence, 8 at a time).
+
+Anything else goes to the library: any other character outside printable ASCII, tab, newline and return (letters
+with accents, symbols such as ° or −, which BERT keeps inside words); a pipeline not of this shape; pairs; requests
+for character offsets. `tests/model/test_ascii_wordpiece.py` compares the two on every WikiText-2 line and on
+generated text (ASCII and that punctuation).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 
 MAX_WORD_CHARS = 100  # the library's max_input_chars_per_word for BERT
 CACHE_WORDS = 100_000  # words whose pieces are remembered (a few MB); the cache starts over when full
 
-_NOT_HANDLED = re.compile(r"[^\x20-\x7e\t\n\r]")
+
+def _extra_punctuation() -> str:
+    """Non-ASCII characters of a Unicode punctuation category (BERT's `_is_punctuation`) from Latin-1 and General
+    Punctuation that NFD, lower- and upper-casing leave as they are: the pipeline makes each a word of its own."""
+    candidates = map(chr, [*range(0xA1, 0xC0), *range(0x2010, 0x205F)])
+    return "".join(ch for ch in candidates if unicodedata.category(ch).startswith("P")
+                   and unicodedata.normalize("NFD", ch) == ch == ch.lower() == ch.upper())
+
+
+EXTRA_PUNCTUATION = _extra_punctuation()
+_NOT_HANDLED = re.compile(r"[^\x20-\x7e\t\n\r" + re.escape(EXTRA_PUNCTUATION) + "]")
 _UNCASED_WORDS = re.compile(r"[a-z0-9]+|[^\sa-z0-9]")
 _CASED_WORDS = re.compile(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]")
 
@@ -105,7 +122,7 @@ class AsciiWordPiece:
         self._pieces: dict[str, tuple[int, ...]] = {}
 
     def ids(self, text: str) -> list[int] | None:
-        if not text.isascii() or _NOT_HANDLED.search(text):
+        if _NOT_HANDLED.search(text):
             return None
         ids: list[int] = []
         parts = self._raw_split.split(text) if self._raw_split else [text]

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from model import WordPieceTokenizer, load_checkpoint
-from model.ascii_wordpiece import from_pipeline
+from model.ascii_wordpiece import EXTRA_PUNCTUATION, from_pipeline
 from service.settings import DEFAULT_CHECKPOINT
 from tests.conftest import wikitext_lines
 
@@ -41,12 +41,13 @@ def ours(tok: WordPieceTokenizer, texts: list, truncate: bool, direction: str = 
 
 
 def generated_ascii(count: int, seed: int = 0) -> list[str]:
-    """Words, numbers, runs of punctuation, odd whitespace, WikiText's marker in both cases, words too long."""
+    """Words, numbers, runs of punctuation (typographic too), odd whitespace, WikiText's marker in both cases, words too long."""
     rng = random.Random(seed)
     parts = [lambda: rng.choice(["the", "The", "THE", "running", "unbelievably", "xqzt", "Zürich"[:1]]),
              lambda: "".join(rng.choices(string.ascii_letters, k=rng.randint(1, 14))),
              lambda: "".join(rng.choices(string.digits + ".,", k=rng.randint(1, 6))),
              lambda: "".join(rng.choices(string.punctuation, k=rng.randint(1, 4))),
+             lambda: "".join(rng.choices(EXTRA_PUNCTUATION + "—–—–“”’" + string.punctuation, k=rng.randint(1, 3))),
              lambda: rng.choice(["<unk>", "<UNK>", "<Unk>", "<unk", "unk>", "[MASK]", "[mask]", "[UNK]", "[unk]",
                                  "[CLS][SEP]", "[MASK", "x[MASK]y", "[[MASK]]"]),
              lambda: "a" * rng.choice([99, 100, 101, 150]),
@@ -81,7 +82,8 @@ def test_truncation_at_a_short_limit_and_the_marker(tokenizers):
 
 def test_what_it_does_not_handle_goes_to_the_library(tokenizers):
     tok = tokenizers["bundled"]
-    others = ["Café au lait", "北京 is a city", "tab\x0bvertical", "nul\x00byte", "é", "bell\x07"]
+    others = ["Café au lait", "北京 is a city", "tab\x0bvertical", "nul\x00byte", "é", "bell\x07", "30°C",
+              "x − y", "a—b°", "ﬁne"]  # symbols stay inside BERT's words; ligatures are not punctuation
     assert all(tok._ascii.ids(text) is None for text in others)
     mixed = ["plain words", *others, "the [MASK] sat", "more plain words"]
     assert ours(tok, mixed, True) == library(tok, mixed, True)
@@ -105,3 +107,13 @@ def test_pipelines_it_cannot_reproduce_get_no_fast_path(tokenizers):
         changed = json.loads(json.dumps(spec))
         change(changed)
         assert from_pipeline(changed) is None
+
+
+def test_typographic_punctuation_takes_the_fast_path(tokenizers):
+    """Dashes and curly quotes are split off as the library splits them, without a trip through it."""
+    texts = ["Wade – Giles", "five children — three sons", "“Quoted” and ‘single’ … «guillemets» ¿qué? no: que",
+             "a–b—c‐d", "‖‗†‡•‣※‼⁇⁈"]
+    for name, tok in tokenizers.items():
+        handled = [t for t in texts if "é" not in t]
+        assert all(tok._ascii.ids(t) is not None for t in handled), name
+        assert ours(tok, texts, True) == library(tok, texts, True), name
