@@ -8,6 +8,9 @@ requests per second one process can take; the model's own cost is measured by be
 
     python -m bench.serving.server_cpu --workers 0 1 2 --inputs-per-request 1 8 --concurrency 64 --seconds 10
 
+Runs on a shared CPU move by 15-25%; `--rounds 3` measures every row three times, in turns (floor, 0, 1, 2,
+then again), and reports each row's median run with the range of its CPU per request and per sentence.
+
 The first row (workers "floor") is bare uvicorn under the same load (`bench.serving.http_floor`): what the
 socket, HTTP parsing and the event loop cost before any of the service's work. `--no-floor` leaves it out.
 """
@@ -101,6 +104,28 @@ def measure(url: str, root: int, texts: list[str], concurrency: int, per_request
                1000 * latencies[int(len(latencies) * 0.99)])
 
 
+def table(rows: list[Row], rounds: int) -> str:
+    """One line per (workers, sentences a request): its median run by CPU per request, and with several rounds
+    the range of the CPU figures over them."""
+    runs: dict[tuple, list[Row]] = {}
+    for row in rows:
+        runs.setdefault((row.workers, row.inputs_per_request), []).append(row)
+    ranged = rounds > 1
+    lines = ["| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | cores busy | p50 ms "
+             "| p99 ms |" + (" ms/request, range | ms/sentence, range |" if ranged else ""),
+             "|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if ranged else "")]
+    for group in runs.values():
+        group.sort(key=lambda r: r.server_cpu_ms_per_request)
+        r = group[(len(group) - 1) // 2]
+        line = (f"| {r.workers} | {r.inputs_per_request} | {r.requests_per_s:,.0f} | {r.server_cpu_ms_per_request:.2f} "
+                f"| {r.server_cpu_ms_per_sentence:.3f} | {r.server_cores_busy:.2f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} |")
+        if ranged:
+            line += (f" {group[0].server_cpu_ms_per_request:.2f}-{group[-1].server_cpu_ms_per_request:.2f} | "
+                     f"{group[0].server_cpu_ms_per_sentence:.3f}-{group[-1].server_cpu_ms_per_sentence:.3f} |")
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def start_floor():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -117,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--client-processes", type=int, default=2, help="load-generator processes")
     parser.add_argument("--no-floor", action="store_true", help="leave out bare uvicorn (the HTTP floor)")
+    parser.add_argument("--rounds", type=int, default=1, help="measure every row this many times, in turns")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="more flags for the service")
     args = parser.parse_args(argv)
@@ -126,28 +152,24 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = nearly_free_checkpoint(work / "nearly-free")
         texts = sentences(2000, None, None)
         rows = []
-        for workers in ([] if args.no_floor else ["floor"]) + args.workers:
-            process, url = start_floor() if workers == "floor" else \
-                start_service(checkpoint, "--workers", str(workers), *args.server_args)
-            try:
-                for per_request in args.inputs_per_request:
-                    rows.append(measure(url, process.pid, texts, args.concurrency, per_request, args.seconds, workers,
-                                        args.client_processes))
-                    print(json.dumps(asdict(rows[-1])), flush=True)
-            finally:
-                process.terminate()
-                process.wait(60)
+        for _ in range(args.rounds):
+            for workers in ([] if args.no_floor else ["floor"]) + args.workers:
+                process, url = start_floor() if workers == "floor" else \
+                    start_service(checkpoint, "--workers", str(workers), *args.server_args)
+                try:
+                    for per_request in args.inputs_per_request:
+                        rows.append(measure(url, process.pid, texts, args.concurrency, per_request, args.seconds,
+                                            workers, args.client_processes))
+                        print(json.dumps(asdict(rows[-1])), flush=True)
+                finally:
+                    process.terminate()
+                    process.wait(60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.concurrency} clients in "
           f"{args.client_processes} processes sharing the machine with the server; server CPU counted over all its "
           "processes\n")
-    print("| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | cores busy | p50 ms "
-          "| p99 ms |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r.workers} | {r.inputs_per_request} | {r.requests_per_s:,.0f} | {r.server_cpu_ms_per_request:.2f} | "
-              f"{r.server_cpu_ms_per_sentence:.3f} | {r.server_cores_busy:.2f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} |")
+    print(table(rows, args.rounds))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0

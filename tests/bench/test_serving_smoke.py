@@ -83,3 +83,27 @@ def test_the_http_floor_answers_like_the_service():
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_cpu_batch_tokens_sweep_prints_a_row_per_shape(capsys):
+    """bench.cpu_batch_tokens: one row per shape, a timing per batch size, and what `auto` would choose."""
+    from bench.cpu_batch_tokens import SIZES, main
+
+    assert main(["--shapes", "toy"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| toy (64) |")]
+    assert len(rows) == 1
+    cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    assert cells[1] == "16384" and len(cells) == 2 + len(SIZES)
+    assert min(float(cell.split(" (")[1].rstrip(")")) for cell in cells[2:]) == 1.0  # the row's best is itself
+
+
+def test_server_cpu_reports_the_median_round_and_the_range():
+    from bench.serving.server_cpu import Row, table
+
+    rows = [Row(0, 8, 64, 1000.0 + i, ms, ms / 8, 1.0, 50.0, 90.0) for i, ms in enumerate((1.6, 1.2, 1.4))]
+    rows.append(Row("floor", 8, 64, 9000.0, 0.05, 0.006, 0.9, 3.0, 8.0))
+    lines = table(rows, rounds=3).splitlines()
+    assert len(lines) == 4 and lines[0].endswith("ms/request, range | ms/sentence, range |")
+    assert lines[2].startswith("| 0 | 8 | 1,002 | 1.40 | 0.175 |") and lines[2].endswith("| 1.20-1.60 | 0.150-0.200 |")
+    assert lines[3].startswith("| floor | 8 | 9,000 | 0.05 |")
+    assert "range" not in table(rows[:1], rounds=1)
