@@ -32,7 +32,8 @@ from bench.serving.throughput import sentences
 from model import load_checkpoint
 from service.engine.batch_choice import choose_batch, pricing
 from service.engine.batcher import BatchPolicy, Entry, Ticket
-from service.engine.engine import Engine
+from service.engine.loader import build_engine
+from service.engine.precision import choose
 from service.frontend.app import create_http_app
 from service.frontend.fast_routes import DirectEntry
 from service.frontend.runtime import Runtime
@@ -162,7 +163,8 @@ def tokenizer_us(checkpoint, texts: list[str], per_request: int, rounds: int = 3
 def engine_us_per_input(checkpoint, texts: list[str], batch: int) -> tuple[float, float]:
     """(selection + collation µs, forward + results µs) per input, batches of `batch` similar-length inputs
     chosen from a queue of 512 as the packer chooses them."""
-    engine = Engine(checkpoint.model, torch.device("cpu"), torch.float32)
+    cpu = torch.device("cpu")
+    engine = build_engine(checkpoint, cpu, choose("float32", cpu))  # as the service builds it
     items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True)
              for e in checkpoint.tokenizer.encode_batch(texts)]
     policy = BatchPolicy(max_batch_tokens=1 << 20, max_batch_size=batch, max_padding_fraction=0.10)

@@ -3,16 +3,16 @@
 On a GPU, bigger batches are faster per sequence until memory runs out. On a CPU they are only up to a
 point: past it a batch's activations no longer fit the caches, and its elementwise work (GELU,
 LayerNorm, softmax) waits on memory. Below it, each batch's fixed cost (a hundred-odd operator calls, the
-packing, the results) is spread over too few sequences. Where that point lies depends on the model's width:
-timed in-process on this project's 2-core machine with one thread and 32-token inputs (`python -m
-bench.cpu_batch_tokens`; figures in BENCHMARKS.md), models with feed-forward widths 1,024 / 1,536 / 3,072 /
-4,096 ran fastest per token at 512-1,024 tokens a batch and 5-20% slower at 4,096, while a 64-wide one kept
-getting faster up to 4,096 (its fixed cost dominates). So by default (`cpu_batch_tokens` auto) the budget is the largest power of two
-of tokens whose widest activation, the feed-forward's (tokens x intermediate size), fits ACTIVATION_BYTES:
-1,024 for all-MiniLM-L6-v2, 512 for BERT-base, the whole max_batch_tokens for a toy model. With
-`--cpu-batch-tokens measure` it is timed at start-up instead: batches of 32-token inputs at several token
-counts, with the threads one compute runner has, and the largest batch within `tolerance` of the best time
-per token wins (on a flat curve, as real models have, that choice is at the mercy of noise).
+packing, the results) is spread over too few sequences. Where that point lies depends on the model's width.
+Timed in-process on this project's 2-core machine with one thread and 32-token inputs (`python -m
+bench.serving.cpu_batch_tokens`; figures in BENCHMARKS.md), models with feed-forward widths 1,024 / 1,536 /
+3,072 / 4,096 ran fastest per token at 512-1,024 tokens a batch and 5-20% slower at 4,096, while a 64-wide one
+kept getting faster up to 4,096 (its fixed cost dominates). So by default (`cpu_batch_tokens` auto) the budget
+is the largest power of two of tokens whose widest activation, the feed-forward's (tokens x intermediate
+size), fits ACTIVATION_BYTES: 1,024 for all-MiniLM-L6-v2, 512 for BERT-base, the whole max_batch_tokens for a
+toy model. With `--cpu-batch-tokens measure` it is timed at start-up instead: batches of 32-token inputs at
+several token counts, with the threads one compute runner has, and the largest batch within `tolerance` of
+the best time per token wins (on a flat curve, as real models have, that choice is at the mercy of noise).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.device import cpu_has_native_bf16
+from model.fuse import fuse_attention_projections
 from model.tokenizer import WordPieceTokenizer
 
 log = logging.getLogger("service")
@@ -70,9 +71,10 @@ def choose(choice: str, device: torch.device) -> Precision:
 
 
 def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: WordPieceTokenizer) -> BertForPreTraining:
-    """The model as it will be served: quantized for int8 (after calibration), else unchanged."""
+    """The model as it will be served: quantized for int8 (after calibration), else with each attention layer's
+    query, key and value computed by one matrix product."""
     if not precision.is_int8:
-        return model
+        return fuse_attention_projections(model)
     from model.quantize import calibrate, quantize
 
     sentences = [line for line in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if line.strip()]

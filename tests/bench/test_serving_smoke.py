@@ -86,10 +86,16 @@ def test_the_http_floor_answers_like_the_service():
 
 
 def test_cpu_batch_tokens_sweep_prints_a_row_per_shape(capsys):
-    """bench.cpu_batch_tokens: one row per shape, a timing per batch size, and what `auto` would choose."""
-    from bench.cpu_batch_tokens import SIZES, main
+    """bench.serving.cpu_batch_tokens: one row per shape, a timing per batch size, and what `auto` would choose."""
+    import torch
 
-    assert main(["--shapes", "toy"]) == 0
+    from bench.serving.cpu_batch_tokens import SIZES, main
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["--shapes", "toy"]) == 0
+    finally:  # main() times with one thread; the trainer tests after this one compare runs made with the default
+        torch.set_num_threads(threads)
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| toy (64) |")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]

@@ -5,8 +5,8 @@ Random-weight encoders (the shapes below) run batches of 32-token inputs through
 The widest activation of a batch is the feed-forward's (tokens x intermediate size); `auto` takes the largest
 power of two of tokens whose activation fits 6 MiB (service/engine/batch_size.py), printed as "auto" per row.
 
-    python -m bench.cpu_batch_tokens                 # every shape, about two minutes on 2 cores
-    python -m bench.cpu_batch_tokens --shapes toy minilm
+    python -m bench.serving.cpu_batch_tokens                 # every shape, about two minutes on 2 cores
+    python -m bench.serving.cpu_batch_tokens --shapes toy minilm
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 import torch
 
 from model import BertConfig, BertForPreTraining
+from model.fuse import fuse_attention_projections
 from service.engine.batch_size import batch_tokens_for_width
 from service.engine.engine import Engine
 from service.tasks import EncodeItem
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         config = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
                             num_attention_heads=heads, intermediate_size=intermediate)
-        engine = Engine(BertForPreTraining(config).eval(), torch.device("cpu"), torch.float32)
+        model = fuse_attention_projections(BertForPreTraining(config).eval())  # as the service serves float32
+        engine = Engine(model, torch.device("cpu"), torch.float32)
         timings = {size: seconds_per_token(engine, size) for size in SIZES}
         fastest = min(timings.values())
         cells = " | ".join(f"{t * 1e6:.2f} ({t / fastest:.2f})" for t in timings.values())
