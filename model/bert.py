@@ -89,9 +89,10 @@ class BertSelfAttention(nn.Module):
             q, k, v = self.query(x if keep is None else x[keep]), self.key(x), self.value(x)
         if keep is None:
             return self._attend(q, k, v, attn_mask)
-        # Kept tokens' queries, left-aligned per sequence in a (B, Q, H) layout (Q = most kept in a row).
+        # Kept tokens' queries, left-aligned per sequence in a (B, Q, H) layout (Q = most kept in a row, at least 2:
+        # a compiled step cannot tell whether a count read from the device is 1, where reshapes would differ).
         counts = keep.sum(1)
-        slots = torch.arange(int(counts.max()), device=x.device)[None, :] < counts[:, None]  # (B, Q)
+        slots = torch.arange(max(int(counts.max()), 2), device=x.device)[None, :] < counts[:, None]  # (B, Q)
         flat_slots = slots.reshape(-1).nonzero().squeeze(1)
         q = q.new_zeros(slots.numel(), q.shape[-1]).index_copy(0, flat_slots, q)
         out = self._attend(q.view(*slots.shape, -1), k, v, attn_mask)
@@ -200,12 +201,15 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(cls_vectors))  # (B, H) from the [CLS] vectors
 
 
-def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, T) 1/0 mask -> boolean (B, 1, 1, T) for SDPA, or None when there is no padding."""
-    if attention_mask is None:
+def key_padding_mask(attention_mask: torch.Tensor | None, padded: bool | None = None) -> torch.Tensor | None:
+    """(B, T) 1/0 mask -> boolean (B, 1, 1, T) for SDPA, or None when there is no padding.
+
+    `padded`: whether any row is padded, where the caller knows it without the device (the trainer reads it off
+    the batch on the host); None asks the mask itself, which waits for the device and splits a compiled graph."""
+    if attention_mask is None or padded is False:
         return None
     mask = attention_mask.bool()
-    if bool(mask.all()):
+    if padded is None and bool(mask.all()):
         return None
     return mask[:, None, None, :]
 

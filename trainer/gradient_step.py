@@ -72,13 +72,14 @@ class GradientStep:
             positions = masked.positions[lo:hi].to(device)
             last = index == options.grad_accum - 1
             inputs = (masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device), part.attention_mask.to(device))
+            padded = not bool(part.attention_mask.all())  # read on the host: asked of the device, it waits for it
             clean = None
             if self.teacher is not None and options.preserve_over == "clean":  # the unmasked ids, first segments
                 clean = tuple(t.to(device) for t in first_segments(part.input_ids, part.token_type_ids,
                                                                    part.attention_mask, self.sep_id))
             with nullcontext() if (last or world == 1) else self.wrapped.no_sync():
                 with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                    mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions, clean)
+                    mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions, clean, padded)
                 mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # losses in float32
                 nsp_labels = part.nsp_labels.to(device)
                 mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")

@@ -34,7 +34,7 @@ from trainer.placement import Placement, autocast_dtype, leave, place
 from trainer.retention import build_probe
 from trainer.run_files import RunFiles, command_history, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
-from trainer.step import PreTrainingStep
+from trainer.step import PreTrainingStep, compile_step
 from trainer.warm_start import WarmStart, embedding_parameter, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
@@ -134,8 +134,7 @@ class Training:
         self.step_module = PreTrainingStep(self.model, options.preserve_over if self.teacher is not None else None)
         self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)
                         if placement.world > 1 else self.step_module)
-        # Batch widths and masked-token counts change every step: compile for dynamic shapes, not one graph per shape.
-        self.step_model = torch.compile(self.wrapped, dynamic=True) if options.compile else self.wrapped
+        self.step_model = compile_step(self.wrapped) if options.compile else self.wrapped
         config = self.model.config
         self.eval_set = build_eval_set(self.data.eval, self.data.tokenizer, config.vocab_size,
                                        options.max_seq_len, options.eval_examples) if placement.is_writer else None
