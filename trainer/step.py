@@ -86,7 +86,7 @@ def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token
     nsp = model.nsp_logits_from_cls(kept[is_cls[keep]])
     if sentence_vectors is None:
         return mlm, nsp, None
-    # The clean segments: cut from pairs of different lengths, they are padded (a mask of no padding costs nothing)
+    # The clean segments, cut from pairs of different lengths, are padded: said so rather than asked of the device
     hidden = model.bert.encoder(model.bert.embeddings(ids, types), key_padding_mask(attention, padded=True))
     return mlm, nsp, mean_pooled(hidden, pooled)
 
