@@ -91,13 +91,17 @@ def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token
     return mlm, nsp, mean_pooled(hidden, pooled)
 
 
-def compile_step(step: nn.Module, backend: str = "inductor") -> nn.Module:
-    """`step` under torch.compile for dynamic shapes (batch widths and masked counts change every step), traced
-    whole: the last layer's kept tokens (a nonzero) and their count (an item) are captured into the graph instead
-    of splitting it. A pre-training step was 12 graphs (11 breaks) before, 1 now (tests/trainer/test_compile.py).
-    The settings are process-wide: the trainer's process compiles nothing else."""
+def trace_whole() -> None:
+    """Capture the last layer's kept tokens (a nonzero) and their count (an item) into a compiled graph instead of
+    splitting it there: a pre-training step was 12 graphs (11 breaks), 1 with this (tests/trainer/test_compile.py).
+    Process-wide settings: the trainer's process compiles nothing else."""
     torch._dynamo.config.capture_scalar_outputs = True
     torch._dynamo.config.capture_dynamic_output_shape_ops = True
+
+
+def compile_step(step: nn.Module, backend: str = "inductor") -> nn.Module:
+    """`step` under torch.compile for dynamic shapes (batch widths and masked counts change every step), whole."""
+    trace_whole()
     return torch.compile(step, dynamic=True, backend=backend)
 
 
@@ -114,4 +118,5 @@ class PreTrainingStep(nn.Module):
                                   self.sentence_vectors, clean, padded)
 
 
-__all__ = ["PreTrainingStep", "compile_step", "first_segments", "mean_pooled", "pretraining_logits", "vector_inputs"]
+__all__ = ["PreTrainingStep", "compile_step", "first_segments", "mean_pooled", "pretraining_logits", "trace_whole",
+           "vector_inputs"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
-from trainer.step import PreTrainingStep, compile_step
+from trainer.step import PreTrainingStep, compile_step, trace_whole
 
 CONFIG = BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -21,7 +21,7 @@ CONFIG = BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_att
 
 @pytest.fixture(autouse=True)
 def dynamo_settings():
-    """`compile_step` sets process-wide options: put them back for the rest of the suite."""
+    """`trace_whole` sets process-wide options: put them back for the rest of the suite."""
     with torch._dynamo.config.patch(capture_scalar_outputs=False, capture_dynamic_output_shape_ops=False):
         yield
     torch._dynamo.reset()
@@ -39,7 +39,7 @@ def batch(rows: int, width: int, padded: bool, seed: int):
 
 
 def test_the_step_is_one_graph():
-    compile_step(torch.nn.Identity(), backend="eager")  # the process-wide settings the trainer's compile makes
+    trace_whole()  # as compile_step does for the trainer
     step = PreTrainingStep(BertForPreTraining(CONFIG).train())
     for padded in (True, False):
         explained = torch._dynamo.explain(step)(*batch(4, 24, padded, seed=0), None, padded)
