@@ -37,7 +37,7 @@ from bench.gpu.env import ensure_packages, program
 from devkit.paths import REPO_ROOT
 
 MIN_TORCH = (2, 1)
-STEPS = ("gpu_tests", "serving", "serving_base", "py_spy", "kernels", "training")
+STEPS = ("gpu_tests", "serving", "serving_base", "py_spy", "kernels", "training", "training_profile")
 
 
 def environment(device: str) -> dict:
@@ -127,6 +127,10 @@ def profile_lines(spy: dict | None, kernels: dict | None) -> list[str]:
     elif spy is not None:
         lines += [f"| py-spy, {spy['samples']} samples, most on top of the stack | " + "; ".join(
             f"{f['share']:.0%} {f['function']}" for f in spy["self"][:8]) + " |"]
+        if "threads" in spy:
+            lines += [f"| py-spy: busy cores, {spy['busy_cores']} in all (pid, thread: cores, top function) | " +
+                      "; ".join(f"{t['thread']}: {t['busy_cores']:.2f} {t['top'][0][:40]}" for t in spy["threads"][:8])
+                      + " |"]
     if kernels is not None and "error" in kernels:
         lines.append(f"| profiler | failed: {kernels['error'][-300:]!r} |")
     elif kernels is not None:
@@ -135,6 +139,21 @@ def profile_lines(spy: dict | None, kernels: dict | None) -> list[str]:
                   f"varlen attention {kernels['varlen_attention']}) | " + "; ".join(
                       f"{k['share']:.0%} {k['name'][:60]}" for k in kernels["top"][:6]) + " |"]
     return lines
+
+
+def training_profile_lines(profile: dict | None) -> list[str]:
+    if profile is None:
+        return []
+    if "error" in profile:
+        return [f"| training profile | failed: {profile['error'][-300:]!r} |"]
+    kinds = "; ".join(f"{kind} {ms:.1f}" for kind, ms in profile["device_ms_by_kind"].items())
+    return [f"| training profile (batch {profile['batch']} x {profile['seq_len']}) | {profile['wall_ms_per_step']:.1f} "
+            f"ms a step ({profile['tokens_per_s']:,.0f} tokens/s, {profile['model_tflops']:.1f} TFLOP/s); host: batch "
+            f"{profile['host_batch_ms']:.1f} ms, dispatch {profile['host_dispatch_ms']:.1f} ms; device busy "
+            f"{profile['device_ms_per_step']:.1f} ms ({profile['device_busy_share']:.0%}), "
+            f"{profile['kernels_per_step']:.0f} kernels: {kinds} |",
+            "| training profile: top kernels (ms a step) | " + "; ".join(
+                f"{k['ms_per_step']:.2f} {k['name'][:50]}" for k in profile["top_kernels"][:8]) + " |"]
 
 
 def markdown(summary: dict) -> str:
@@ -158,6 +177,7 @@ def markdown(summary: dict) -> str:
                      f"{run['tokens_per_s']:,.0f} tokens/s, {run['model_tflops']:.2f} TFLOP/s, MFU "
                      f"{run['mfu_vs_measured_peak']:.1%} of the measured peak (hidden {run['hidden']}, "
                      f"{run['layers']} layers, batch {run['batch']}, {' '.join(run['flags'][:3])})") + " |")
+    lines += training_profile_lines(summary.get("training_profile"))
     recipe = summary.get("training", {}).get("train-default", {})
     if "recipe_hours_here" in recipe:
         lines.append(f"| `make train-default` here | {recipe['recipe_hours_here']:.2f} h: the bundled model's "
@@ -222,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "kernels": lambda: guarded(gpu_steps.kernel_profile, bundled, device, args.dry_run),
             "matmul_peak_tflops": lambda: matmul_peak_tflops(device, args.dry_run),
             "training": lambda: gpu_steps.training(device, work, args.dry_run, summary["matmul_peak_tflops"], base),
+            "training_profile": lambda: guarded(gpu_steps.training_profile, work, args.dry_run, base, args.out),
         }
         summary["step_seconds"] = {}
         wanted = set(args.steps) | ({"matmul_peak_tflops"} if "training" in args.steps else set())  # MFU's denominator

@@ -65,9 +65,13 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
 LOAD_START_S = 4.0  # the load generator's processes start and warm up before py-spy records
 
 
+PY_SPY_RATE = 100  # samples per second per thread
+
+
 def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) -> dict:
     """py-spy over the service and all its processes while 64 clients (4 in the dry run) send 8 sentences a
-    request: the functions holding most samples, on top of the stack (self) and anywhere in it."""
+    request: the functions holding most samples, on top of the stack (self) and anywhere in it, and how busy
+    each thread was (which one is the limit: an event loop at one core, the engine's batching thread, ...)."""
     from bench.serving.load import drive_processes
     from bench.serving.throughput import count_tokens, sentences
     from devkit.server import start_service
@@ -86,7 +90,8 @@ def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) 
         load.start()
         time.sleep(LOAD_START_S)
         spy = subprocess.run([program("py-spy") or "py-spy", "record", "--subprocesses", "--nonblocking",
-                              "--format", "raw", "--rate", "100", "--duration", str(int(seconds)),
+                              "--threads",
+                              "--format", "raw", "--rate", str(PY_SPY_RATE), "--duration", str(int(seconds)),
                               "--pid", str(process.pid), "--output", str(raw)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds + 60)
         output = spy.stdout
@@ -98,25 +103,44 @@ def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) 
         process.wait(timeout=60)
     if spy.returncode or not raw.exists():
         return {"error": f"py-spy exited {spy.returncode}: {output[-800:]}"}
-    return summarize_stacks(raw.read_text().splitlines())
+    return summarize_stacks(raw.read_text().splitlines(), samples_per_busy_thread=PY_SPY_RATE * int(seconds))
 
 
-def summarize_stacks(lines: list[str], top: int = 15) -> dict:
-    """py-spy's raw (collapsed) stacks, "frame;frame;...;leaf COUNT", -> each function's share of the samples."""
+def summarize_stacks(lines: list[str], top: int = 15, samples_per_busy_thread: int | None = None) -> dict:
+    """py-spy's raw (collapsed) stacks, "frame;frame;...;leaf COUNT", -> each function's share of the samples.
+    With --subprocesses --threads the stacks start with "process PID:..." (parent, then child) and
+    "thread (TID): NAME" frames: each thread's samples over `samples_per_busy_thread` (what a thread busy the
+    whole recording would have: idle samples are left out) is how many cores it kept busy, with its top function."""
     own, anywhere, total = collections.Counter(), collections.Counter(), 0
+    threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for line in lines:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         frames = [frame.strip() for frame in stack.split(";") if frame.strip()]
+        place = [f for f in frames if f.startswith(("process ", "thread ("))]
+        frames = [f for f in frames if not f.startswith(("process ", "thread ("))]
+        if not frames:
+            continue
         total += int(count)
         own[frames[-1]] += int(count)
         for frame in set(frames):
             anywhere[frame] += int(count)
+        if place:  # the innermost process (its pid) and the thread's name
+            pid = next((f.split(":")[0].removeprefix("process ") for f in reversed(place) if f.startswith("process ")), "?")
+            name = next((f.split(":", 1)[-1].strip() for f in place if f.startswith("thread (")), "?")
+            threads[f"{pid} {name}"][frames[-1]] += int(count)
+
     def share(counter: collections.Counter) -> list[dict]:
         return [{"function": f, "share": round(n / total, 4)} for f, n in counter.most_common(top)] if total else []
 
-    return {"samples": total, "self": share(own), "inclusive": share(anywhere)}
+    summary = {"samples": total, "self": share(own), "inclusive": share(anywhere)}
+    if threads and samples_per_busy_thread:
+        busiest = sorted(threads.items(), key=lambda kv: -sum(kv[1].values()))
+        summary["threads"] = [{"thread": name, "busy_cores": round(sum(c.values()) / samples_per_busy_thread, 3),
+                               "top": [f for f, _ in c.most_common(3)]} for name, c in busiest[:top]]
+        summary["busy_cores"] = round(total / samples_per_busy_thread, 2)
+    return summary
 
 
 def kernel_profile(checkpoint: Path, device: str, dry_run: bool) -> dict:
@@ -161,6 +185,34 @@ def kernel_profile(checkpoint: Path, device: str, dry_run: bool) -> dict:
                     for name, us, calls in timed[:15]]}
 
 
+def training_corpora(work: Path, dry_run: bool) -> tuple[Path, Path]:
+    """WikiText-2's validation split to train on and its test split to evaluate on; the dry run: their first
+    articles only (the same steps in seconds)."""
+    corpus, held_out = WIKITEXT_DIR / "wiki.valid.tokens", WIKITEXT_DIR / "wiki.test.tokens"
+    if dry_run:
+        corpus, held_out = work / "train.tokens", work / "eval.tokens"
+        for source, target in ((WIKITEXT_DIR / "wiki.valid.tokens", corpus),
+                               (WIKITEXT_DIR / "wiki.test.tokens", held_out)):
+            if not target.exists():
+                target.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:120]))
+    return corpus, held_out
+
+
+def training_profile(work: Path, dry_run: bool, base: Path, out: Path) -> dict:
+    """bench.gpu.training_profile in its own process: where one pre-training step's time goes on the
+    BERT-base shape (host batch building and dispatch, the device's busy share, kernel time by kind), with
+    a gzipped Chrome trace of the profiled steps in `out`."""
+    corpus, held_out = training_corpora(work, dry_run)
+    figures = work / "training-profile.json"
+    command = [sys.executable, "-m", "bench.gpu.training_profile", "--init-from", str(base), "--corpus", str(corpus),
+               "--eval-corpus", str(held_out), "--work", str(work / "training-profile"), "--json", str(figures),
+               "--trace", str(out / "training-trace.json.gz"), *(["--dry-run"] if dry_run else [])]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if result.returncode:
+        return {"error": result.stderr[-1500:]}
+    return json.loads(figures.read_text())
+
+
 def training(device: str, work: Path, dry_run: bool, peak: float, base: Path) -> dict:
     """The trainer's tokens/s and MFU (model FLOPs over the measured matmul peak): on the BERT-base shape
     (`base`: warm-started from, so with the bundled tokenizer; bfloat16 on a GPU, torch.compile), and on
@@ -169,12 +221,7 @@ def training(device: str, work: Path, dry_run: bool, peak: float, base: Path) ->
     from model import load_checkpoint
     from model.flops import model_flops_per_token
 
-    corpus, held_out = WIKITEXT_DIR / "wiki.valid.tokens", WIKITEXT_DIR / "wiki.test.tokens"
-    if dry_run:  # the first articles only: the same steps in seconds
-        corpus, held_out = work / "train.tokens", work / "eval.tokens"
-        for source, target in ((WIKITEXT_DIR / "wiki.valid.tokens", corpus),
-                               (WIKITEXT_DIR / "wiki.test.tokens", held_out)):
-            target.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:120]))
+    corpus, held_out = training_corpora(work, dry_run)
     gpu = device.startswith("cuda")
     seq_len = 64 if dry_run else 128
     runs = {  # name: (checkpoint warm-started from, steps, batch, flags)
