@@ -75,6 +75,7 @@ class ModelFacts:
     has_nsp_head: bool
     num_labels: int
     batch_tokens_in_force: int
+    batch_size_in_force: int
 
 
 @dataclass

@@ -53,8 +53,10 @@ class Settings(BaseSettings):
         "On CPU under Linux (glibc), keep memory freed by finished tensors for the next ones instead of returning "
         "it to the kernel, which otherwise costs page faults on nearly every op's output (measured with "
         "bench.precision). The process then keeps its peak memory after a burst; false gives it back."))
-    max_batch_size: int = Field(64, ge=1, description=(
-        "Most sequences in one forward pass; 1 turns batching off (the benchmark baseline)."))
+    max_batch_size: int | Literal["auto"] = Field("auto", description=(
+        "Most sequences in one forward pass; 1 turns batching off (the benchmark baseline). auto = 64 on a CPU "
+        "(its token budget binds first), 256 on a GPU, where a forward pass costs about the same host time at any "
+        "size (an H200 computed 4-5x more sentences/s at 256 than the service's 64 gave: BENCHMARKS.md)."))
     max_wait_ms: float = Field(0.0, ge=0, description=(
         "How long an idle device waits for more items before running a short queue. 0 (default) runs at once: "
         "under load, batches fill by themselves while the device is busy; a few ms can enlarge batches of "
@@ -124,6 +126,13 @@ class Settings(BaseSettings):
     def _cpu_batch_tokens(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 16:
             raise ValueError("cpu_batch_tokens must be auto, measure or a number of tokens of at least 16")
+        return value
+
+    @field_validator("max_batch_size")
+    @classmethod
+    def _max_batch_size(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("max_batch_size must be auto or a number of sequences of at least 1")
         return value
 
     @field_validator("checkpoint", mode="before")

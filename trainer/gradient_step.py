@@ -67,11 +67,14 @@ class GradientStep:
             lo = rank * per_rank + index * micro
             hi = lo + micro
             first_label = int(label_offsets[lo - 1]) if lo > 0 else 0
-            labels = masked.labels[first_label : int(label_offsets[hi - 1])].to(device)
+            labels = masked.labels[first_label : int(label_offsets[hi - 1])].to(device, non_blocking=True)
             part = batch.slice(lo, hi)
-            positions = masked.positions[lo:hi].to(device)
+            positions = masked.positions[lo:hi].to(device, non_blocking=True)
             last = index == options.grad_accum - 1
-            inputs = (masked.input_ids[lo:hi].to(device), part.token_type_ids.to(device), part.attention_mask.to(device))
+            # non_blocking: the batches come pinned on a GPU (trainer/batches.py), so the host need not wait for the
+            # device to finish the last step before queueing this one.
+            inputs = tuple(t.to(device, non_blocking=True) for t in (masked.input_ids[lo:hi], part.token_type_ids,
+                                                                     part.attention_mask))
             padded = not bool(part.attention_mask.all())  # read on the host: asked of the device, it waits for it
             clean = None
             if self.teacher is not None and options.preserve_over == "clean":  # the unmasked ids, first segments
@@ -81,7 +84,7 @@ class GradientStep:
                 with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
                     mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions, clean, padded)
                 mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # losses in float32
-                nsp_labels = part.nsp_labels.to(device)
+                nsp_labels = part.nsp_labels.to(device, non_blocking=True)
                 mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
                 nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
                 loss = mlm_sum / total_masked + nsp_sum / options.batch_size

@@ -23,11 +23,12 @@ from model.bert import BertForPreTraining
 from model.config import BertConfig
 from model.device import keep_freed_memory
 from model.flops import model_flops_per_token
+from trainer.batches import BatchStream, training_batch
 from trainer.data import PreparedData, prepare
 from trainer.evaluate import build_eval_set, evaluate
-from trainer.examples import PairBatch, TrainingPairs, collate
+from trainer.examples import TrainingPairs
 from trainer.gradient_step import GradientStep
-from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
+from trainer.masking import replaceable_ids
 from trainer.optimizer import build_optimizer, lr_factor, restore_optimizer, run_progress, set_learning_rate
 from trainer.options import TrainOptions
 from trainer.placement import Placement, autocast_dtype, leave, place
@@ -44,17 +45,6 @@ class Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-def training_batch(pairs: TrainingPairs, progress: Progress, options: TrainOptions, data: PreparedData,
-                   replace: torch.Tensor) -> tuple[PairBatch, MaskedBatch]:
-    """Step `progress.step`'s pairs and masks (advancing the data cursors): the same on every rank,
-    and the same again after a resume."""
-    batch = collate(pairs.batch(progress.step, options.batch_size, progress.cursors), data.tokenizer)
-    generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
-    masked = mask_tokens(batch.input_ids, batch.special_mask, generator, data.tokenizer.mask_id, replace,
-                         options.mask_rate)
-    return batch, masked
 
 
 # ---- the loop ------------------------------------------------------------------------------------
@@ -179,10 +169,13 @@ class Training:
         bar = self.files.progress_bar(options, progress, enabled=options.progress)
         window_tokens, window_start = 0, time.perf_counter()
         last_eval: dict | None = None
+        batches = BatchStream(self.pairs, progress.step, progress.cursors, options, self.data, self.replace,
+                              ahead=self.placement.device.type == "cuda")
         try:
             while run_progress(progress, options) < 1.0:
                 step_start = time.perf_counter()
-                batch, masked = training_batch(self.pairs, progress, options, self.data, self.replace)
+                taken = batches.next(progress.step)
+                batch, masked, progress.cursors = taken.batch, taken.masked, taken.cursors
                 factor = lr_factor(run_progress(progress, options), options.warmup_fraction)
                 set_learning_rate(self.optimizer, options, factor)
                 stats = self.step(batch, masked, progress.step)
@@ -218,6 +211,7 @@ class Training:
             log.warning("stopped by %s at step %d; checkpoint saved, continue with --resume", interrupt, progress.step)
             raise
         finally:
+            batches.close()
             for s, handler in previous_handlers.items():
                 signal.signal(s, handler)
             bar.close()

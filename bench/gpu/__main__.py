@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service-args", default="",
                         help="more flags for the service, e.g. '--workers 4' (default: none: the service's default)")
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS),
-                        help="run only these steps, e.g. a second look at serving on a lease too short for all")
+                        help="run only these steps, in this order, e.g. a second look at serving on a lease too "
+                             "short for all")
     parser.add_argument("--systems", nargs="+", default=None,
                         help="what the serving steps measure (default: service service:float32 naive)")
     argv = sys.argv[1:] if argv is None else argv
@@ -245,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             "training_profile": lambda: guarded(gpu_steps.training_profile, work, args.dry_run, base, args.out),
         }
         summary["step_seconds"] = {}
-        wanted = set(args.steps) | ({"matmul_peak_tflops"} if "training" in args.steps else set())  # MFU's denominator
-        for name, step in ((n, s) for n, s in steps.items() if n in wanted):
+        # In the order asked for (a lease may end before the last), MFU's denominator just before the training.
+        order = [m for n in dict.fromkeys(args.steps) for m in (("matmul_peak_tflops", n) if n == "training" else (n,))]
+        for name, step in ((n, steps[n]) for n in order):
             step_started = time.perf_counter()
             summary[name] = step()
             summary["step_seconds"][name] = round(time.perf_counter() - step_started, 1)

@@ -1,9 +1,9 @@
 """Where a pre-training step's time goes: `python -m bench.gpu.training_profile --init-from DIR --corpus F
 --eval-corpus F --work DIR --json F [--trace F.json.gz] [--dry-run]` (a step of `python -m bench.gpu`).
 
-The trainer's own loop pieces (trainer.loop.Training, training_batch), in this process, on the BERT-base
-shape (bfloat16, compiled; the dry run: the CPU, small, eager): after warm-up steps (compilation), the host's
-milliseconds per step building the batch and dispatching the step, the wall-clock per step with the device
+The trainer's own loop pieces (trainer.loop.Training, trainer.batches.BatchStream), in this process, on the BERT-base
+shape (bfloat16, compiled; the dry run: the CPU, small, eager): after warm-up steps (compilation, padded and
+unpadded batches), the host's milliseconds per step taking the batch (built ahead on a GPU) and dispatching it, the wall-clock per step with the device
 waited for, then torch.profiler over a few steps: the device's kernel time per step (so the share of the
 wall-clock the device was busy: low means the host or a wait is the limit, not the kernels), that time by kind
 (matrix products, attention, fused elementwise, optimizer, copies) and the top kernels and host calls.
@@ -55,13 +55,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.flops import model_flops_per_token
     from trainer.cli import build_parser
-    from trainer.loop import Training, training_batch
+    from trainer.batches import BatchStream
+    from trainer.loop import Training
     from trainer.options import TrainOptions
     from trainer.placement import place
 
     cuda = not args.dry_run and torch.cuda.is_available()
     seq_len, batch_size = (64, args.batch_size or 8) if args.dry_run else (128, args.batch_size or 256)
-    warm_steps, timed_steps, profiled_steps = (1, 2, 1) if args.dry_run else (10, 20, 3)
+    warm_steps, timed_steps, profiled_steps = (1, 2, 1) if args.dry_run else (20, 30, 3)
     flags = ["--corpus", str(args.corpus), "--eval-corpus", str(args.eval_corpus), "--output",
              str(args.work / "profile-run"), "--init-from", str(args.init_from), "--max-seq-len", str(seq_len),
              "--batch-size", str(batch_size), "--max-steps", "1000", "--eval-examples", "16", "--no-progress",
@@ -71,11 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     training = Training(options, place(options))
     progress = training.progress
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    batches = BatchStream(training.pairs, progress.step, progress.cursors, options, training.data, training.replace,
+                          ahead=cuda)
 
     def one_step() -> tuple[float, float, int]:
-        """(host seconds building the batch, host seconds dispatching the step, real tokens)."""
+        """(host seconds taking the batch, host seconds dispatching the step, real tokens)."""
         started = time.perf_counter()
-        batch, masked = training_batch(training.pairs, progress, options, training.data, training.replace)
+        taken = batches.next(progress.step)
+        batch, masked = taken.batch, taken.masked
         built = time.perf_counter()
         training.step(batch, masked, progress.step)
         progress.step += 1
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "top_host_calls": [{"name": n[:80], "ms_per_step": round(us / 1e3, 3), "calls_per_step": round(c, 1)}
                            for n, us, c in host[:12]],
     }
+    batches.close()
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     if args.trace is not None:
         raw = args.work / "trace.json"

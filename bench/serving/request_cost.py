@@ -53,7 +53,7 @@ class AnswerAtOnce:
         self.vector = np.zeros(width, dtype=np.float32)
 
     async def start(self, checkpoint: Path) -> ModelFacts:
-        return ModelFacts("cpu", "float32", True, True, 0, 1024)
+        return ModelFacts("cpu", "float32", True, True, 0, 1024, 64)
 
     async def loading(self) -> None:
         return

@@ -41,6 +41,12 @@ def build_engine(checkpoint: Checkpoint, device: torch.device, precision: Precis
     return engine_factory(prepare_model(checkpoint.model, precision, checkpoint.tokenizer), device, precision.dtype)
 
 
+# max_batch_size auto: on a CPU the token budget (cpu_batch_tokens) binds before 64 sequences but for the shortest
+# inputs; a GPU's forward pass costs the host about the same at any size, so it takes the most it measured best at
+# (bench.serving's in-process limit on an H100 and an H200: batch 256 of 32-256, both model shapes).
+AUTO_BATCH_SIZE_CPU, AUTO_BATCH_SIZE_GPU = 64, 256
+
+
 def plan_compute(concurrent_batches: int, device: torch.device) -> int:
     """How many batches run at once; on CPU, also splits torch's threads between them."""
     if device.type != "cpu":
@@ -89,12 +95,14 @@ def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> Lo
     batch_tokens = s.max_batch_tokens
     if device.type == "cpu":
         batch_tokens = batch_tokens_on_cpu(s, engine, tokenizer, precision)
-    policy = BatchPolicy(batch_tokens, s.max_batch_size, s.max_wait_ms / 1000, s.max_queue_items,
+    batch_size = s.max_batch_size if isinstance(s.max_batch_size, int) else \
+        AUTO_BATCH_SIZE_CPU if device.type == "cpu" else AUTO_BATCH_SIZE_GPU
+    policy = BatchPolicy(batch_tokens, batch_size, s.max_wait_ms / 1000, s.max_queue_items,
                          s.max_padding_fraction, runners=runners, runner_niceness=s.compute_niceness)
     batcher = Batcher(engine, policy, metrics)
     batcher.start()
     facts = ModelFacts(device=str(device), dtype=precision.name, has_mlm_head=engine.has_mlm_head,
                        has_nsp_head=engine.has_nsp_head, num_labels=engine.num_labels,
-                       batch_tokens_in_force=batch_tokens)
+                       batch_tokens_in_force=batch_tokens, batch_size_in_force=batch_size)
     log.info("model on %s (%s), ready in %.1f s", device, precision.name, time.perf_counter() - started)
     return LoadedEngine(checkpoint, engine, batcher, precision, facts)

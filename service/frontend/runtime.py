@@ -178,6 +178,7 @@ class Runtime:
         body["training"] = _file_names_only(training)
         body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
         body["limits"]["batch_tokens_in_force"] = facts.batch_tokens_in_force if facts else None
+        body["limits"]["batch_size_in_force"] = facts.batch_size_in_force if facts else None
         return body
 
 
@@ -200,7 +201,7 @@ class Runtime:
             "max_concurrent_requests": s.max_concurrent_requests,
             "max_input_length": checkpoint.tokenizer.model_max_length,
             "max_batch_tokens": self.facts.batch_tokens_in_force if self.facts else s.max_batch_tokens,
-            "max_batch_requests": s.max_batch_size,
+            "max_batch_requests": self.facts.batch_size_in_force if self.facts else s.max_batch_size,
             "max_client_batch_size": s.max_inputs_per_request,
             "auto_truncate": False,
             "tokenization_workers": s.workers if isinstance(s.workers, int) and s.workers > 0 else 1,

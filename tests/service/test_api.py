@@ -231,3 +231,23 @@ async def test_cpu_batch_size_setting(tiny_checkpoint):
     for setting, in_force in ((512, 512), (20000, 16384)):
         async with serving(tiny_checkpoint, cpu_batch_tokens=setting) as client:
             assert (await client.get("/info")).json()["limits"]["batch_tokens_in_force"] == in_force
+
+
+async def test_max_batch_size_setting(tiny_checkpoint):
+    """auto is 64 sequences on a CPU (256 on a GPU: service/engine/loader.py); a number is taken as it is; /info
+    (ours and TEI's max_batch_requests) says what is in force, and the batcher holds to it."""
+    assert Settings().max_batch_size == "auto" and Settings(max_batch_size="3").max_batch_size == 3
+    for bad in (0, -1, "many"):
+        with pytest.raises(ValueError, match="max_batch_size"):
+            Settings(max_batch_size=bad)
+    for setting, in_force in (("auto", 64), (3, 3)):
+        async with serving(tiny_checkpoint, max_batch_size=setting) as client:
+            info = (await client.get("/info")).json()
+            assert info["limits"]["batch_size_in_force"] == in_force
+            assert info["max_batch_requests"] == in_force
+            inputs = [f"sentence number {n}" for n in range(10)]
+            assert (await client.post("/encode", json={"inputs": inputs})).status_code == 200
+            metrics = {line.split()[0]: float(line.split()[1]) for line in (await client.get("/metrics")).text.splitlines()
+                       if line.startswith("bert_batch_sequences_")}
+            assert metrics["bert_batch_sequences_sum"] == 10
+            assert metrics["bert_batch_sequences_count"] >= (4 if setting == 3 else 1)  # 10 inputs, 3 a batch

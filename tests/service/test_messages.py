@@ -28,7 +28,7 @@ MESSAGES = [
     Hello(1234),
     Cancel(7),
     Status("loading", "downloading 3 of 5 files"),
-    Status("ready", facts=ModelFacts("cuda:0", "bfloat16", True, False, 3, 16384)),
+    Status("ready", facts=ModelFacts("cuda:0", "bfloat16", True, False, 3, 16384, 256)),
     Failed(9, "overloaded", "the queue is full", 0.25),
     Submit(3, [EncodeItem([101, 7592, 102], [0, 0, 0], "mean", True),
                FillMaskItem([101, 103, 102], [0, 0, 0], [1], 5, None),
