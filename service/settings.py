@@ -55,8 +55,9 @@ class Settings(BaseSettings):
         "bench.precision). The process then keeps its peak memory after a burst; false gives it back."))
     max_batch_size: int | Literal["auto"] = Field("auto", description=(
         "Most sequences in one forward pass; 1 turns batching off (the benchmark baseline). auto = 64 on a CPU "
-        "(its token budget binds first), 256 on a GPU, where a forward pass costs about the same host time at any "
-        "size (an H200 computed 4-5x more sentences/s at 256 than the service's 64 gave: BENCHMARKS.md)."))
+        "(its token budget binds first), 256 on a GPU, where a forward pass costs the host about the same at any "
+        "size: the in-process limit was best at 256 on an H100 and an H200, and on the H200 the service at 64 "
+        "clients x 8 sentences went from 11.4k to 16.5k sentences/s (BENCHMARKS.md, 'On a GPU')."))
     max_wait_ms: float = Field(0.0, ge=0, description=(
         "How long an idle device waits for more items before running a short queue. 0 (default) runs at once: "
         "under load, batches fill by themselves while the device is busy; a few ms can enlarge batches of "

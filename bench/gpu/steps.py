@@ -56,7 +56,7 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
     if result.returncode:
         return {"error": result.stderr[-1500:], "command": " ".join(command)}
     keep = ("system", "concurrency", "inputs_per_request", "sequences_per_s", "requests_per_s", "p50_ms", "p99_ms",
-            "mean_batch", "padding", "vs_limit")
+            "mean_batch", "padding", "vs_limit", "batch_ms", "engine_busy", "queue_ms")
     rows = [{k: r[k] for k in keep} for r in json.loads(rows_file.read_text())]
     return {"rows": rows, "client_processes": processes, "seconds": round(time.perf_counter() - started, 1),
             "service_args": service_args or "(none: the service's default --workers)"}

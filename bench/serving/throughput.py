@@ -55,6 +55,12 @@ class Row:
     padding: float | None = None
     vs_limit: float | None = None
     inputs_per_request: int = 1
+    # Where a service row's time went, from its /metrics: the mean engine.run of a batch (compare the in-process
+    # limit's time per batch), engine.run's seconds per second of the row (up to the number of runners), and the mean
+    # wait of an input in the queue. A low busy share with short batches says the engine is starved upstream.
+    batch_ms: float | None = None
+    engine_busy: float | None = None
+    queue_ms: float | None = None
 
 
 def sentences(limit: int, fixed_length: int | None, tokenizer) -> list[str]:
@@ -115,6 +121,11 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
         waste = metric_delta(before, after, "bert_model_flops_padding_total")
         row.mean_batch = items / batches if batches else None
         row.padding = waste / flops if flops else None
+        run_seconds = metric_delta(before, after, "bert_inference_seconds_sum")
+        row.batch_ms = 1000 * run_seconds / batches if batches else None
+        row.engine_busy = run_seconds / seconds
+        waits = metric_delta(before, after, "bert_queue_time_seconds_count")
+        row.queue_ms = 1000 * metric_delta(before, after, "bert_queue_time_seconds_sum") / waits if waits else None
     return row
 
 
@@ -166,7 +177,8 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
             done_sequences, done_tokens = passes * len(items), passes * sum(b.real_tokens for b in batches)
             row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds,
                       done_sequences / seconds, done_tokens / seconds, 0, 0, 0, mean_batch=batch_size,
-                      padding=sum(w for _, w in costs) / sum(f for f, _ in costs))
+                      padding=sum(w for _, w in costs) / sum(f for f, _ in costs),
+                      batch_ms=1000 * seconds * parallel / (passes * len(batches)))  # one batch's engine.run
             sweep[batch_size, parallel] = row.sequences_per_s
             print(f"  limit {arrangement_label(batch_size, parallel):28s} {row.sequences_per_s:8.1f} seq/s",
                   file=sys.stderr)

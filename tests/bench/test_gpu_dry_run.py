@@ -39,9 +39,15 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         assert run["tokens_per_s"] > 0 and 0 < run["mfu_vs_measured_peak"], run
     assert summary["training"]["train-default"]["recipe_hours_here"] > 0
     assert summary["environment"]["device"] == "cpu" and summary["matmul_peak_tflops"] > 0
+    profile = summary["training_profile"]
+    assert profile["wall_ms_per_step"] > 0 and profile["tokens_per_s"] > 0 and profile["top_kernels"], profile
+    assert (tmp_path / "training-trace.json.gz").stat().st_size > 0
+    for row in rows:  # where a service row's time went, from its /metrics
+        if row["system"].startswith("service"):
+            assert row["batch_ms"] > 0 and row["engine_busy"] > 0 and row["queue_ms"] >= 0, row
     report = (tmp_path / "gpu-summary.md").read_text()
     for line in ("GPU-marked tests", "bundled model: limit (in-process)", "BERT-base shape: ", "load generator",
-                 "training (bert-base)", "make train-default"):
+                 "training (bert-base)", "make train-default", "training profile", "engine.run"):
         assert line in report, line
 
 
