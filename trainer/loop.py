@@ -23,7 +23,7 @@ from model.bert import BertForPreTraining
 from model.config import BertConfig
 from model.device import keep_freed_memory
 from model.flops import model_flops_per_token
-from trainer.batches import BatchStream, training_batch
+from trainer.batches import BatchStream
 from trainer.data import PreparedData, prepare
 from trainer.evaluate import build_eval_set, evaluate
 from trainer.examples import TrainingPairs
@@ -231,4 +231,4 @@ class Training:
         self.placement.wait_for_all()
 
 
-__all__ = ["Interrupted", "Training", "train", "training_batch"]
+__all__ = ["Interrupted", "Training", "train"]

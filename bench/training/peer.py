@@ -22,9 +22,9 @@ import torch
 import transformers
 
 from model.config import BertConfig
+from trainer.batches import training_batch
 from trainer.data import prepare
 from trainer.examples import TrainingPairs
-from trainer.loop import training_batch
 from trainer.optimizer import build_optimizer, lr_factor, run_progress
 from trainer.placement import autocast_dtype
 from trainer.masking import replaceable_ids
