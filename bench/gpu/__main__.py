@@ -108,7 +108,7 @@ def fmt(value, spec: str = ".1f") -> str:
 def serving_lines(label: str, serve: dict) -> list[str]:
     if "error" in serve:
         return [f"| {label}: serving | failed: {serve['error'][-300:]!r} |"]
-    lines = []
+    lines = [f"| {label}: {note.split(':')[0]} | {note.split(':', 1)[1].strip()} |" for note in serve.get("notes", [])]
     for r in serve["rows"]:
         if r["system"].startswith("limit"):
             lines.append(f"| {label}: {r['system']} | {r['sequences_per_s']:,.0f} seq/s (batch {r['mean_batch']}"

@@ -58,8 +58,12 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
     keep = ("system", "concurrency", "inputs_per_request", "sequences_per_s", "requests_per_s", "p50_ms", "p99_ms",
             "mean_batch", "padding", "vs_limit", "batch_ms", "engine_busy", "queue_ms")
     rows = [{k: r[k] for k in keep} for r in json.loads(rows_file.read_text())]
+    # bench.serving's own notes: one input's forward pass, and the limit at every batch size tried (the service's
+    # batches are compared with the limit at their own size, not only at the best one)
+    notes = [line.removeprefix("# ") for line in result.stdout.splitlines()
+             if line.startswith(("# one forward pass", "# in-process sequences/s by batch size"))]
     return {"rows": rows, "client_processes": processes, "seconds": round(time.perf_counter() - started, 1),
-            "service_args": service_args or "(none: the service's default --workers)"}
+            "service_args": service_args or "(none: the service's default --workers)", "notes": notes}
 
 
 LOAD_START_S = 4.0  # the load generator's processes start and warm up before py-spy records

@@ -31,6 +31,7 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         if row["system"] in ("service", "service:float32"):
             assert 0 < row["vs_limit"] < 3, row
     assert summary["serving"]["client_processes"] >= 2
+    assert any(note.startswith("in-process sequences/s by batch size") for note in summary["serving"]["notes"])
     assert summary["py_spy"].get("samples", 0) > 0 or "error" in summary["py_spy"]
     kernels = summary["kernels"]
     assert kernels["top"] and kernels["varlen_attention"] is False, kernels  # on the CPU: the padded/per-sequence path
@@ -47,7 +48,8 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
             assert row["batch_ms"] > 0 and row["engine_busy"] > 0 and row["queue_ms"] >= 0, row
     report = (tmp_path / "gpu-summary.md").read_text()
     for line in ("GPU-marked tests", "bundled model: limit (in-process)", "BERT-base shape: ", "load generator",
-                 "training (bert-base)", "make train-default", "training profile", "engine.run"):
+                 "training (bert-base)", "make train-default", "training profile", "engine.run",
+                 "in-process sequences/s by batch size"):
         assert line in report, line
 
 
