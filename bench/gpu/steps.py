@@ -131,7 +131,8 @@ def summarize_stacks(lines: list[str], top: int = 15, samples_per_busy_thread: i
         for frame in set(frames):
             anywhere[frame] += int(count)
         if place:  # the innermost process (its pid) and the thread's name
-            pid = next((f.split(":")[0].removeprefix("process ") for f in reversed(place) if f.startswith("process ")), "?")
+            processes = [f.split(":")[0].removeprefix("process ") for f in place if f.startswith("process ")]
+            pid = processes[-1] if processes else "?"
             name = next((f.split(":", 1)[-1].strip() for f in place if f.startswith("thread (")), "?")
             threads[f"{pid} {name}"][frames[-1]] += int(count)
 

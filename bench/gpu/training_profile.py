@@ -1,10 +1,10 @@
 """Where a pre-training step's time goes: `python -m bench.gpu.training_profile --init-from DIR --corpus F
 --eval-corpus F --work DIR --json F [--trace F.json.gz] [--dry-run]` (a step of `python -m bench.gpu`).
 
-The trainer's own loop pieces (trainer.loop.Training, trainer.batches.BatchStream), in this process, on the BERT-base
-shape (bfloat16, compiled; the dry run: the CPU, small, eager): after warm-up steps (compilation, padded and
-unpadded batches), the host's milliseconds per step taking the batch (built ahead on a GPU) and dispatching it, the wall-clock per step with the device
-waited for, then torch.profiler over a few steps: the device's kernel time per step (so the share of the
+The trainer's own loop pieces (trainer.loop.Training, trainer.batches.BatchStream), in this process, on the
+BERT-base shape (bfloat16, compiled; the dry run: the CPU, small, eager): after warm-up steps (compilation, padded
+and unpadded batches), the host's milliseconds per step taking the batch (built ahead on a GPU) and dispatching
+the step, the wall-clock per step with the device waited for, then torch.profiler over a few steps: the device's kernel time per step (so the share of the
 wall-clock the device was busy: low means the host or a wait is the limit, not the kernels), that time by kind
 (matrix products, attention, fused elementwise, optimizer, copies) and the top kernels and host calls.
 Run in its own process: the compiler's settings are process-wide (trainer.step.trace_whole).
