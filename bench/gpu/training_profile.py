@@ -13,6 +13,7 @@ Run in its own process: the compiler's settings are process-wide (trainer.step.t
 from __future__ import annotations
 
 import argparse
+import collections
 import gzip
 import json
 import shutil
@@ -110,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         device_events = [(e.key, e.self_cpu_time_total, e.count) for e in events if e.key.startswith("aten::")]
     device_events.sort(key=lambda e: -e[1])
     device_us = sum(e[1] for e in device_events) / profiled_steps
-    by_kind: dict[str, float] = {}
+    by_kind: collections.Counter[str] = collections.Counter()
     for name, us, _ in device_events:
-        by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + us / profiled_steps
+        by_kind[kind_of(name)] += us / profiled_steps
     host = sorted(((e.key, e.self_cpu_time_total / profiled_steps, e.count / profiled_steps) for e in events),
                   key=lambda e: -e[1])
     result = {
