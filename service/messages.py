@@ -76,6 +76,7 @@ class ModelFacts:
     num_labels: int
     batch_tokens_in_force: int
     batch_size_in_force: int
+    cuda_graphs: int = 0  # encoder graphs captured (service.engine.graphs); 0: every batch runs eagerly
 
 
 @dataclass

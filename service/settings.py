@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         "Batches computed at the same time, each by its own thread. 0 = auto: 2 on a CPU with at least 2 cores "
         "(each batch on half the cores: a batch spread over every core stalls whenever the HTTP side takes one), "
         "1 on a GPU."))
+    cuda_graphs: bool = Field(True, description=(
+        "On a CUDA GPU, run each batch's encoder as one CUDA graph replay instead of an op-by-op forward pass, "
+        "the tokens padded up to one of a set of sizes (at most an eighth more above 512). Small models are "
+        "bound by the host's launches there. Applies with bfloat16/float16 (attention over packed sequences) "
+        "and one batch at a time; captured at start-up (about a second), checked against the eager pass, and "
+        "left off, with a log line, if either fails. /info says how many were captured."))
     compute_niceness: int = Field(10, ge=0, le=19, description=(
         "Nice value of the compute threads (Linux). Above 0 the thread that accepts and refuses requests comes "
         "first: under a flood refusals stay immediate and accepted requests' latency bounded, for almost no "

@@ -61,7 +61,7 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
     # bench.serving's own notes: one input's forward pass, and the limit at every batch size tried (the service's
     # batches are compared with the limit at their own size, not only at the best one)
     notes = [line.removeprefix("# ") for line in result.stdout.splitlines()
-             if line.startswith(("# one forward pass", "# in-process sequences/s by batch size"))]
+             if line.startswith(("# one forward pass", "# in-process sequences/s by batch size", "# limit's engine"))]
     return {"rows": rows, "client_processes": processes, "seconds": round(time.perf_counter() - started, 1),
             "service_args": service_args or "(none: the service's default --workers)", "notes": notes}
 

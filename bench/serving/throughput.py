@@ -143,7 +143,8 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
     from model import load_checkpoint
     from model.device import keep_freed_memory, pick_device
     from service.engine.precision import choose
-    from service.engine.loader import build_engine
+    from service.engine.loader import build_engine, capture_graphs
+    from service.settings import Settings
     from service.tasks import EncodeItem
 
     ckpt = load_checkpoint(checkpoint)
@@ -151,6 +152,10 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
     if device.type == "cpu":
         keep_freed_memory()  # as the service does by default (cpu_keep_freed_memory)
     engine = build_engine(ckpt, device, choose(dtype, device))
+    batch_sizes = batch_sizes or BATCH_SIZES
+    # As the service runs it: CUDA graphs where they run (one batch at a time; its default token budget)
+    graphs = capture_graphs(engine, Settings().max_batch_tokens, max(batch_sizes), runners=1)
+    print(f"# limit's engine: {engine.device}, {engine.dtype}, CUDA graphs: {graphs or 'off'}", flush=True)
     encoded = ckpt.tokenizer.encode_batch(texts, truncate=True)
     items = sorted((EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded), key=len)
     # One forward pass of one input (the floor for latency at concurrency 1), over inputs of every length.
@@ -161,7 +166,6 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
         engine.run(batch)
         singles.append(time.perf_counter() - started)
     single_ms = float(np.median(singles)) * 1000
-    batch_sizes = batch_sizes or BATCH_SIZES
     cores = torch.get_num_threads()
     arrangements = [1] + ([cores] if device.type == "cpu" and cores > 1 else [])  # batches in parallel
     best = best_arrangement = None

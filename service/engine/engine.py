@@ -8,6 +8,8 @@ and NSP head on its [CLS] (nsp).
 from __future__ import annotations
 
 import logging
+import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from itertools import accumulate, chain
 
@@ -19,6 +21,7 @@ from model.bert import BertForPreTraining
 from model.attention import attention_pads
 from model.flops import BatchPricer, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
+from service.engine.graphs import EncoderGraphs, Layout, stage
 from service.tasks import (
     ClassifyItem,
     ClassLogits,
@@ -49,6 +52,8 @@ class Batch:
     items: list[Item]
     flops: float  # the encoder's FLOPs for this batch
     padding_flops: float  # ... of which attention spends on padding
+    staged: torch.Tensor | None = None  # every input in one int32 buffer laid out for a CUDA graph's bucket
+    layout: Layout | None = None  # ... that bucket
 
     @property
     def size(self) -> int:
@@ -79,6 +84,8 @@ class Engine:
         # prices candidate batches only where it may. Fixed for the engine's life, so asked once.
         self.pads_attention = attention_pads(device, dtype, model.config.head_dim)
         self._price_all_layers = BatchPricer(model.config)
+        self.graphs: EncoderGraphs | None = None  # set by use_graphs
+        self._graph_memory = threading.Lock()  # the graphs' outputs share one pool: one graphed batch at a time
 
     @property
     def has_mlm_head(self) -> bool:
@@ -110,19 +117,37 @@ class Engine:
         types = torch.from_numpy(np.fromiter(chain.from_iterable(i.token_type_ids for i in items), dtype=np.int64))
         lengths = [len(item) for item in items]
         packing = Packing.from_lengths(lengths)
-        if self.device.type == "cuda":  # page-locked memory: the copy overlaps with the host
-            ids, types = ids.pin_memory(), types.pin_memory()
         flops, padding = self.flops(len(items), max(lengths), sum(lengths), sum(n * n for n in lengths),
                                     None if self._runs_heads(items) else self.model.config.served_embedding_layer)
+        layout = self.graphs.layout_for(len(ids), len(items)) if self.graphs is not None else None
+        if layout is not None:  # one page-locked buffer, one copy to the device
+            staged = stage(ids.numpy(), types.numpy(), packing, layout, pin=self.device.type == "cuda")
+            return Batch(ids, types, packing, items, flops, padding, staged, layout)
+        if self.device.type == "cuda":  # page-locked memory: the copy overlaps with the host
+            ids, types = ids.pin_memory(), types.pin_memory()
         return Batch(ids, types, packing, items, flops, padding)
+
+    def use_graphs(self, graphs: EncoderGraphs | None) -> None:
+        """Run the batches that fit `graphs` through them from now on (None: every batch eagerly). Batches
+        collated before keep the path they were collated for."""
+        self.graphs = graphs
 
     @torch.inference_mode()
     def run(self, batch: Batch) -> list[Result]:
-        device = self.device
-        packing = batch.packing.to(device, non_blocking=True)
-        embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
-                                                    batch.token_type_ids.to(device, non_blocking=True), packing,
-                                                    self._runs_heads(batch.items))  # (N, H) each
+        with self._graph_memory if batch.staged is not None else nullcontext():
+            return self._run(batch)
+
+    def _run(self, batch: Batch) -> list[Result]:
+        for_heads = self._runs_heads(batch.items)
+        if batch.staged is not None:
+            embedded, hidden, packing = self.graphs.replay(batch.staged, batch.layout, batch.real_tokens, batch.size,
+                                                           for_heads)
+        else:
+            device = self.device
+            packing = batch.packing.to(device, non_blocking=True)
+            embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
+                                                        batch.token_type_ids.to(device, non_blocking=True), packing,
+                                                        for_heads)  # (N, H) each
         results: list[Result | None] = [None] * batch.size
         starts = batch.starts()
         self._encode_outputs(batch, embedded, packing, starts, results)
@@ -155,7 +180,8 @@ class Engine:
             elif pooling == "cls":
                 values = hidden[packing.starts]  # (B, H)
             else:
-                lengths = torch.tensor([len(i) for i in batch.items], device=hidden.device, dtype=hidden.dtype)
+                ends = packing.cu_seqlens  # on the device already: no copy (and no wait) for the lengths
+                lengths = (ends[1:] - ends[:-1]).to(hidden.dtype)
                 sums = hidden.new_zeros(packing.batch, hidden.shape[-1]).index_add_(0, packing.rows, hidden)
                 values = sums / lengths[:, None]  # (B, H): mean over the item's tokens
             host[(pooling, normalize)] = (F.normalize(values, dim=-1) if normalize else values).cpu().numpy()

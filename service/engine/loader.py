@@ -14,15 +14,20 @@ from dataclasses import dataclass
 
 import torch
 
+import numpy as np
+
+from model.attention import runs_varlen
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.device import keep_freed_memory, pick_device
 from service.engine.batch_size import batch_tokens_for_width, measure_batch_tokens
 from service.engine.batcher import Batcher, BatchPolicy
 from service.engine.engine import Engine
+from service.engine.graphs import EncoderGraphs
 from service.engine.precision import Precision, PrecisionError, choose, prepare_model
 from service.messages import ModelFacts
 from service.metrics import Metrics
 from service.settings import Settings
+from service.tasks import EncodeItem
 
 log = logging.getLogger("service")
 
@@ -72,6 +77,46 @@ def batch_tokens_on_cpu(s: Settings, engine: Engine, tokenizer, precision: Preci
     return chosen
 
 
+GRAPH_CHECK_LENGTHS = (3, 130, 17, 9, 64, 5)  # one long input among short ones, as traffic mixes them
+GRAPH_CHECK_COSINE = 0.999  # per token vector, graphed against eager (different products' shapes, bfloat16)
+
+
+def capture_graphs(engine: Engine, most_tokens: int, slots: int, runners: int) -> int:
+    """CUDA graphs for the engine's encoder where they run (a CUDA device, attention over packed sequences, one
+    batch at a time), checked against the eager forward on a batch of mixed lengths before any request uses
+    them. Returns how many were captured; 0 leaves every batch eager, saying why in the log."""
+    config = engine.model.config
+    if engine.device.type != "cuda" or runners != 1 or not runs_varlen(engine.device, engine.dtype, config.head_dim):
+        log.info("CUDA graphs: off (they need a CUDA device, bfloat16 or float16 and one batch at a time)")
+        return 0
+    graphs = EncoderGraphs(engine.model, engine.device, most_tokens, slots)
+    try:
+        seconds = graphs.capture_all()
+    except Exception as exc:  # noqa: BLE001 - serving eagerly is slower, not wrong: say so and go on
+        log.warning("CUDA graphs: capture failed, every batch runs eagerly: %s", exc)
+        return 0
+    generator = np.random.default_rng(0)
+    lengths = [min(n, config.max_position_embeddings) for n in GRAPH_CHECK_LENGTHS]
+    check = [EncodeItem(generator.integers(5, config.vocab_size, n).tolist(), [0] * n) for n in lengths]
+    eager = engine.run(engine.collate(check))
+    engine.use_graphs(graphs)
+    graphed = engine.run(engine.collate(check))
+    worst = min(_row_cosines(a.vectors, b.vectors).min() for a, b in zip(eager, graphed))
+    if not worst >= GRAPH_CHECK_COSINE:  # NaN fails too
+        engine.use_graphs(None)
+        log.error("CUDA graphs: replayed states differ from the eager ones (cosine %.6f): every batch runs eagerly",
+                  worst)
+        return 0
+    log.info("CUDA graphs: %d captured in %.1f s (%d token counts up to %d, %d sequence slots; check cosine %.6f)",
+             len(graphs), seconds, len(graphs.buckets), graphs.buckets[-1], slots, worst)
+    return len(graphs)
+
+
+def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
 def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> LoadedEngine:
     """Load, warm up and start batching; raises RuntimeError/CheckpointError/ValueError with a message to show."""
     started = time.perf_counter()
@@ -97,12 +142,15 @@ def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> Lo
         batch_tokens = batch_tokens_on_cpu(s, engine, tokenizer, precision)
     batch_size = s.max_batch_size if isinstance(s.max_batch_size, int) else \
         AUTO_BATCH_SIZE_CPU if device.type == "cpu" else AUTO_BATCH_SIZE_GPU
+    graphs = capture_graphs(engine, batch_tokens, batch_size, runners) if s.cuda_graphs else 0
+    if graphs and s.warmup:
+        engine.warm_up(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)  # the heads, fed by the graphs
     policy = BatchPolicy(batch_tokens, batch_size, s.max_wait_ms / 1000, s.max_queue_items,
                          s.max_padding_fraction, runners=runners, runner_niceness=s.compute_niceness)
     batcher = Batcher(engine, policy, metrics)
     batcher.start()
     facts = ModelFacts(device=str(device), dtype=precision.name, has_mlm_head=engine.has_mlm_head,
                        has_nsp_head=engine.has_nsp_head, num_labels=engine.num_labels,
-                       batch_tokens_in_force=batch_tokens, batch_size_in_force=batch_size)
+                       batch_tokens_in_force=batch_tokens, batch_size_in_force=batch_size, cuda_graphs=graphs)
     log.info("model on %s (%s), ready in %.1f s", device, precision.name, time.perf_counter() - started)
     return LoadedEngine(checkpoint, engine, batcher, precision, facts)

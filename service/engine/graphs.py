@@ -1,0 +1,156 @@
+"""CUDA graphs of the encoder: a batch's whole forward pass launched as one replay, at fixed token counts.
+
+Why: on a GPU a small model's batch is bound by the host, not the device. Every op of a forward pass costs the
+engine's runner thread some microseconds of Python and one kernel launch (about 100 of them for six layers);
+on an H200 the runner was the busiest thread of the server, on top of its stack `Linear.forward`, and a batch
+took about 5.6 ms whatever its size (BENCHMARKS.md, "On a GPU"). A graph records the launches once and
+replays them in one call. Graphs need fixed shapes and fixed addresses, which the packed layout gives cheaply:
+
+- a batch's N tokens are padded up to the next *bucket* (`token_buckets`: 8 sizes per doubling above 512, so
+  at most an eighth more rows; below 512 steps of 64, where the device waits on the host anyway);
+- its B sequences fill a fixed number of sequence *slots* (the batch size in force): the slots past B are empty
+  sequences (the cumulative length repeats), and the padding rows belong to no sequence;
+- attention is FlashAttention over the packed sequences (`model.attention.attend_varlen`), whose shapes depend
+  on N alone; it is told the model's longest input as the longest sequence, so one graph serves every mix;
+- a batch's inputs (ids, token types, positions, rows, cumulative lengths, starts) travel as one int32 host
+  buffer laid out for its bucket (`stage`, built by the packer thread ahead of time) and reach the device in
+  one copy, into the buffer the graphs read.
+
+Padding rows compute values that nothing reads: every layer but attention works row by row, and attention
+gives them no sequence (its output rows for them are whatever the memory held). The graphs share one memory
+pool, so one batch runs at a time; the engine holds a lock from the copy in until its results are on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model.packing import Packing
+
+log = logging.getLogger("service")
+
+SMALLEST_BUCKET = 64
+BUCKETS_PER_DOUBLING = 8
+
+
+def token_buckets(most: int) -> list[int]:
+    """The token counts graphs are captured at, up to `most` (the batch token budget, always a bucket)."""
+    sizes, size = [], SMALLEST_BUCKET
+    while size < most:
+        sizes.append(size)
+        size += max(SMALLEST_BUCKET, (1 << (size.bit_length() - 1)) // BUCKETS_PER_DOUBLING)
+    return sizes + [most]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each input sits in the int32 buffer of a batch padded to `tokens` rows with `slots` sequences."""
+
+    tokens: int
+    slots: int
+
+    @property
+    def size(self) -> int:
+        return 4 * self.tokens + 2 * self.slots + 1
+
+    def views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(ids, token types, positions, rows: each (tokens,); cumulative lengths (slots + 1,); starts (slots,))."""
+        t, s = self.tokens, self.slots
+        return (buffer[:t], buffer[t:2 * t], buffer[2 * t:3 * t], buffer[3 * t:4 * t], buffer[4 * t:4 * t + s + 1],
+                buffer[4 * t + s + 1:4 * t + 2 * s + 1])
+
+
+def stage(ids: np.ndarray, types: np.ndarray, packing: Packing, layout: Layout, pin: bool) -> torch.Tensor:
+    """One batch's inputs in `layout` on the host (page-locked when `pin`, so that the copy runs asynchronously).
+    Padding rows get id 0 at position 0 of sequence 0, which no sequence reads; the empty slots end where the
+    last sequence does."""
+    staged = torch.zeros(layout.size, dtype=torch.int32, pin_memory=pin)
+    ids_at, types_at, positions_at, rows_at, ends_at, starts_at = layout.views(staged.numpy())
+    count, batch = len(ids), packing.batch
+    ids_at[:count], types_at[:count] = ids, types
+    positions_at[:count], rows_at[:count] = packing.positions.numpy(), packing.rows.numpy()
+    ends_at[: batch + 1] = packing.cu_seqlens.numpy()
+    ends_at[batch + 1:] = count
+    starts_at[:batch] = packing.starts.numpy()
+    return staged
+
+
+class EncoderGraphs:
+    """The model's encoder captured as CUDA graphs, one per bucket (and per depth when the served embedding layer
+    is below the top). `replay` runs a staged batch and returns views of the graph's outputs."""
+
+    def __init__(self, model, device: torch.device, most_tokens: int, slots: int, capture: bool = True):
+        self.model = model
+        self.device = device
+        self.slots = slots
+        self.buckets = token_buckets(most_tokens)
+        self.longest = model.config.max_position_embeddings  # FlashAttention's max_seqlen for every batch
+        self.split = model.config.served_embedding_layer < model.config.num_hidden_layers
+        self.capture = capture  # False: the same static path, called instead of replayed (tests on the CPU)
+        self.inputs = torch.zeros(Layout(self.buckets[-1], slots).size, dtype=torch.int32, device=device)
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph | None, tuple]] = {}
+        self.pool = None
+
+    def layout_for(self, tokens: int, sequences: int) -> Layout | None:
+        """The bucket a batch runs in, or None when it fits none (it then runs eagerly)."""
+        if sequences > self.slots or tokens > self.buckets[-1]:
+            return None
+        return Layout(next(b for b in self.buckets if b >= tokens), self.slots)
+
+    @torch.inference_mode()
+    def capture_all(self) -> float:
+        """Capture every bucket, largest first (the later graphs reuse the pool's blocks); returns the seconds."""
+        started = time.perf_counter()
+        depths = (False, True) if self.split else (True,)
+        for tokens in reversed(self.buckets):
+            for for_heads in depths:
+                self.graphs[tokens, for_heads] = self._record(Layout(tokens, self.slots), for_heads)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - started
+
+    def _static_forward(self, layout: Layout, for_heads: bool):
+        ids, types, positions, rows, ends, starts = layout.views(self.inputs)
+        packing = Packing(rows, rows, positions, starts, None, self.slots, self.longest, (), ends)
+        return lambda: self.model.encode_packed(ids, types, packing, for_heads)
+
+    def _record(self, layout: Layout, for_heads: bool):
+        forward = self._static_forward(layout, for_heads)
+        if not self.capture:
+            return None, ()
+        # Warm up on a side stream first (PyTorch's advice for capture: lazy initialisation stays out of the graph).
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            forward()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = forward()
+        self.pool = graph.pool()
+        return graph, outputs
+
+    def replay(self, staged: torch.Tensor, layout: Layout, tokens: int, sequences: int, for_heads: bool
+               ) -> tuple[torch.Tensor, torch.Tensor | None, Packing]:
+        """A batch staged in `layout` through its graph: ((tokens, H) embedding-layer states, (tokens, H) last-layer
+        states or None unless `for_heads`, the batch's Packing on the device for the heads). The outputs are the
+        graph's own memory: read them before the next replay."""
+        self.inputs[: layout.size].copy_(staged, non_blocking=True)
+        graph, outputs = self.graphs[layout.tokens, for_heads or not self.split]
+        if graph is None:
+            outputs = self._static_forward(layout, for_heads or not self.split)()
+        else:
+            graph.replay()
+        embedded, hidden = outputs
+        _, _, positions, rows, ends, starts = layout.views(self.inputs)
+        packing = Packing(rows[:tokens], rows[:tokens], positions[:tokens], starts[:sequences], None, sequences,
+                          self.longest, (), ends[: sequences + 1])
+        return embedded[:tokens], hidden[:tokens] if for_heads else None, packing
+
+    def __len__(self) -> int:
+        return len(self.graphs)

@@ -1,0 +1,153 @@
+"""The static-shape path of CUDA graphs (service.engine.graphs), run on the CPU: every batch padded to a bucket
+of tokens and a fixed number of sequence slots, its inputs staged in one buffer, the encoder called on the
+buffer's views (what a graph replays on a GPU). Attention there is FlashAttention over packed sequences; here
+a reference of it in plain PyTorch that leaves the rows of no sequence NaN, so that any padding row read by a
+head would show. Compared with the engine's eager path, item by item; the capture itself is tested on a GPU
+(tests/gpu/test_cuda_graphs.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model.attention as attention
+import model.bert as bert
+from model.packing import Packing
+from service.engine.engine import Engine
+from service.engine.graphs import EncoderGraphs, Layout, stage, token_buckets
+from service.engine.loader import capture_graphs
+from service.tasks import EncodeItem, FillMaskItem, NspItem
+from tests.conftest import random_model
+
+VOCAB = 300
+
+
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k):
+    """FlashAttention's varlen contract on the CPU: each sequence attends to itself; rows of no sequence are
+    not written (NaN here)."""
+    out = torch.full_like(q, float("nan"))
+    bounds = cu_q.tolist()
+    assert bounds == cu_k.tolist() and max(b - a for a, b in zip(bounds, bounds[1:])) <= max_q
+    for start, end in zip(bounds, bounds[1:]):
+        if end > start:
+            heads = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]  # (1, nh, L, hd)
+            out[start:end] = F.scaled_dot_product_attention(*heads)[0].transpose(0, 1)
+    return out
+
+
+@pytest.fixture
+def static_path(monkeypatch):
+    """Patch in packed attention for the CPU; returns a function that gives an engine graphs of its own."""
+    monkeypatch.setattr(attention, "varlen_attn", reference_varlen)
+    monkeypatch.setattr(bert, "runs_varlen", lambda *args: True)
+
+    def with_graphs(engine: Engine, most_tokens: int, slots: int) -> EncoderGraphs:
+        graphs = EncoderGraphs(engine.model, engine.device, most_tokens, slots, capture=False)
+        graphs.capture_all()
+        engine.use_graphs(graphs)
+        return graphs
+    return with_graphs
+
+
+def engine_for(**overrides) -> Engine:
+    return Engine(random_model(VOCAB, max_position_embeddings=160, **overrides), torch.device("cpu"), torch.float32)
+
+
+def items_of(lengths, seed: int) -> list:
+    """A mix of every head's items, of the given lengths."""
+    generator = np.random.default_rng(seed)
+    items = []
+    for n, length in enumerate(lengths):
+        ids = [1, *generator.integers(5, VOCAB, length - 2).tolist(), 2]
+        types = [0] * length
+        kind = n % 5
+        if kind == 0:
+            items.append(EncodeItem(ids, types, pooling="none"))
+        elif kind == 1:
+            items.append(EncodeItem(ids, types, pooling="mean", normalize=True))
+        elif kind == 2:
+            items.append(EncodeItem(ids, types, pooling="cls"))
+        elif kind == 3:
+            items.append(FillMaskItem(ids, types, mask_positions=[1, length - 2], top_k=4))
+        else:
+            items.append(NspItem(ids, [0] * (length // 2) + [1] * (length - length // 2)))
+    return items
+
+
+def flat(result) -> np.ndarray:
+    """A result's numbers, whatever its kind."""
+    if hasattr(result, "masks"):
+        return np.concatenate([np.concatenate([m.token_ids.astype(np.float64), m.scores]) for m in result.masks])
+    value = next(v for v in vars(result).values() if isinstance(v, np.ndarray))
+    return value.astype(np.float64).ravel()
+
+
+def assert_same(eager: list, graphed: list) -> None:
+    assert len(eager) == len(graphed)
+    for a, b in zip(eager, graphed):
+        assert type(a) is type(b)
+        assert np.isfinite(flat(b)).all(), "a padding row reached a result"
+        np.testing.assert_allclose(flat(b), flat(a), rtol=1e-4, atol=1e-5)
+
+
+def test_buckets_cover_every_count_with_little_padding():
+    for most in (16384, 1000, 64, 100):
+        buckets = token_buckets(most)
+        assert buckets == sorted(set(buckets)) and buckets[-1] == most and buckets[0] == min(64, most)
+        for tokens in range(1, most + 1):
+            bucket = next(b for b in buckets if b >= tokens)
+            assert bucket - tokens < 64 or bucket - tokens <= tokens / 8, (most, tokens, bucket)
+    assert len(token_buckets(16384)) <= 50  # what start-up captures
+
+
+def test_staged_layout():
+    packing = Packing.from_lengths([3, 5])
+    ids, types = np.arange(10, 18), np.array([0, 0, 0, 0, 0, 1, 1, 1])
+    layout = Layout(tokens=64, slots=4)
+    ids_at, types_at, positions, rows, ends, starts = layout.views(stage(ids, types, packing, layout, pin=False))
+    assert ids_at[:8].tolist() == ids.tolist() and not ids_at[8:].any() and types_at[:8].tolist() == types.tolist()
+    assert positions[:8].tolist() == [0, 1, 2, 0, 1, 2, 3, 4] and rows[:8].tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert ends.tolist() == [0, 3, 8, 8, 8] and starts.tolist() == [0, 3, 0, 0]  # empty slots: end where the last does
+
+
+def test_graphed_batches_equal_eager_ones(static_path):
+    engine = engine_for()
+    batches = [items_of(lengths, seed) for seed, lengths in enumerate(
+        [(130, 5, 17, 9, 64, 3, 33, 40, 12, 7), (4, 6, 5), (64,), (60, 4), (150, 150, 90, 33, 21, 8, 8, 8)])]
+    eager = [engine.run(engine.collate(items)) for items in batches]
+    graphs = static_path(engine, most_tokens=1024, slots=16)
+    for items, expected in zip(batches, eager):  # after a bigger batch, a smaller one in the same memory
+        batch = engine.collate(items)
+        assert batch.layout is not None and batch.layout.tokens >= batch.real_tokens
+        assert_same(expected, engine.run(batch))
+    assert len(graphs) == len(graphs.buckets)
+
+
+def test_graphs_split_below_a_lower_embedding_layer(static_path):
+    engine = engine_for(num_hidden_layers=3, embedding_layer=2)
+    items = items_of((20, 9, 31, 6, 12, 40), seed=7)
+    encode_only = [i for i in items if isinstance(i, EncodeItem)]
+    eager = [engine.run(engine.collate(part)) for part in (items, encode_only)]
+    graphs = static_path(engine, most_tokens=256, slots=8)
+    assert len(graphs) == 2 * len(graphs.buckets)  # the embedding layer's depth, and the whole stack for heads
+    for part, expected in zip((items, encode_only), eager):
+        assert_same(expected, engine.run(engine.collate(part)))
+
+
+def test_batches_that_fit_no_graph_run_eagerly(static_path):
+    engine = engine_for()
+    items = items_of((20,) * 5, seed=3)
+    expected = engine.run(engine.collate(items))
+    static_path(engine, most_tokens=128, slots=4)
+    too_many = engine.collate(items)  # five sequences, four slots
+    too_long = engine.collate([EncodeItem([1] + [7] * 140 + [2], [0] * 142)])  # over the largest bucket
+    assert too_many.staged is None and too_long.staged is None
+    assert_same(expected, engine.run(too_many))
+    assert engine.collate(items[:4]).staged is not None
+
+
+def test_no_graphs_on_a_cpu():
+    engine = engine_for()
+    assert capture_graphs(engine, 1024, 16, runners=1) == 0 and engine.graphs is None
