@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         base = gpu_steps.base_checkpoint(work, args.dry_run)
         # The dry run spreads the systems over the two checkpoints (each server start costs seconds on a CPU).
         chosen = tuple(args.systems or gpu_steps.SYSTEMS)
-        dry = ((("service", "naive"), ("4x2",)), (("service:float32",), ("4x1",))) if args.dry_run else \
-            ((chosen,), (chosen,))  # (systems, loads) for each checkpoint; the loads default to LOADS
+        with_eager = chosen if args.systems else (*chosen, gpu_steps.EAGER)
+        dry = ((("service", "naive"), ("4x2",)), (("service:float32", gpu_steps.EAGER), ("4x1",))) if args.dry_run \
+            else ((with_eager,), (chosen,))  # (systems, loads) for each checkpoint; the loads default to LOADS
         bundled = gpu_steps.DEFAULT_CHECKPOINT
         steps = {
             "gpu_tests": lambda: gpu_tests(device, work),

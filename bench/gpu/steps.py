@@ -21,6 +21,7 @@ from service.settings import DEFAULT_CHECKPOINT
 # What the service is measured at (issue #37): clients x sentences per request.
 LOADS = ("16x8", "64x8", "64x1")
 SYSTEMS = ("service", "service:float32", "naive")  # the service in dtype auto and float32; the transformers peer
+EAGER = "service::--no-cuda-graphs"  # the bundled model's service without CUDA graphs: what they gain, in the same run
 
 
 def base_checkpoint(work: Path, dry_run: bool) -> Path:
@@ -61,7 +62,7 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
     # bench.serving's own notes: one input's forward pass, and the limit at every batch size tried (the service's
     # batches are compared with the limit at their own size, not only at the best one)
     notes = [line.removeprefix("# ") for line in result.stdout.splitlines()
-             if line.startswith(("# one forward pass", "# in-process sequences/s by batch size", "# limit's engine"))]
+             if line.startswith(("# one forward pass", "# in-process", "# limit's engine"))]
     return {"rows": rows, "client_processes": processes, "seconds": round(time.perf_counter() - started, 1),
             "service_args": service_args or "(none: the service's default --workers)", "notes": notes}
 

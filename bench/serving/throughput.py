@@ -189,6 +189,16 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
             if best is None or row.sequences_per_s > best.sequences_per_s:
                 best, best_arrangement = row, (batch_size, parallel)
     torch.set_num_threads(cores)
+    if graphs:  # what the graphs gain in-process, batch size by batch size: the same batches run eagerly
+        engine.use_graphs(None)
+        eager = {}
+        for batch_size in batch_sizes:
+            batches = [engine.collate(items[i : i + batch_size]) for i in range(0, len(items), batch_size)]
+            engine.run(batches[0])
+            seconds, passes = _whole_passes(engine, batches, 1, duration / len(batch_sizes))
+            eager[batch_size] = passes * len(items) / seconds
+        print("# in-process without CUDA graphs, sequences/s by batch size: " + ", ".join(
+            f"batch {size} {rate:.0f} (graphs {sweep[size, 1] / rate:.2f}x)" for size, rate in eager.items()))
     return best, best_arrangement, single_ms, sweep
 
 
