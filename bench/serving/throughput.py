@@ -55,9 +55,10 @@ class Row:
     padding: float | None = None
     vs_limit: float | None = None
     inputs_per_request: int = 1
-    # Where a service row's time went, from its /metrics: the mean engine.run of a batch (compare the in-process
-    # limit's time per batch), engine.run's seconds per second of the row (up to the number of runners), and the mean
-    # wait of an input in the queue. A low busy share with short batches says the engine is starved upstream.
+    # Where a service row's time went, from its /metrics: the mean engine.run of a batch, launch to results (compare
+    # the in-process limit's time per batch), engine.run's seconds per second of the row (up to the number of runners;
+    # up to twice that on a GPU, where the next batch is launched before the last one's results are read), and the
+    # mean wait of an input in the queue. A low busy share with short batches says the engine is starved upstream.
     batch_ms: float | None = None
     engine_busy: float | None = None
     queue_ms: float | None = None
@@ -182,7 +183,7 @@ def measure_limit(checkpoint: Path, texts: list[str], duration: float, batch_siz
             row = Row("limit (in-process)", 0, done_sequences, seconds, done_sequences / seconds,
                       done_sequences / seconds, done_tokens / seconds, 0, 0, 0, mean_batch=batch_size,
                       padding=sum(w for _, w in costs) / sum(f for f, _ in costs),
-                      batch_ms=1000 * seconds * parallel / (passes * len(batches)))  # one batch's engine.run
+                      batch_ms=1000 * seconds * parallel / (passes * len(batches)))  # wall-clock a batch
             sweep[batch_size, parallel] = row.sequences_per_s
             print(f"  limit {arrangement_label(batch_size, parallel):28s} {row.sequences_per_s:8.1f} seq/s",
                   file=sys.stderr)
@@ -213,8 +214,18 @@ def _whole_passes(engine, batches: list, parallel: int, budget_s: float) -> tupl
     """Run complete passes over `batches` (each split among `parallel` threads) until `budget_s` has
     passed; returns (seconds, passes), at least one pass."""
     def run_share(share):
+        if not engine.overlaps:
+            for batch in share:
+                engine.run(batch)
+            return
+        in_flight = None  # as the service's runner does on a GPU: the next batch launched before the last is read
         for batch in share:
-            engine.run(batch)
+            launched = engine.launch(batch)
+            if in_flight is not None:
+                engine.finish(in_flight)
+            in_flight = launched
+        if in_flight is not None:
+            engine.finish(in_flight)
 
     passes = 0
     started = time.perf_counter()

@@ -7,7 +7,9 @@ Every input of every request is one entry in one queue. Threads serve it:
 - one runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) feeds
   prepared batches to the engine and records each item's result in its request's `Ticket`; the
   requests a batch finishes go to their `Sink` together (an event loop in this process, or the engine
-  process's socket back to a front end).
+  process's socket back to a front end). Where the engine's device runs asynchronously (a GPU), the
+  runner launches the next batch before it reads the last one's results: the device computes one
+  while the host turns the other into replies.
 Entries whose client went away are dropped before compute, entries past their deadline get
 `unavailable`, and a batch that runs out of device memory is split in two and retried.
 """
@@ -18,15 +20,19 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from service.engine.batch_choice import choose_batch, pricing
+from service.engine.tickets import Entry, InFlight, Sink, Ticket
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.engine.threads import lower_thread_priority, name_os_thread
 
 log = logging.getLogger("service")
+# With a batch in flight on the device, how long the runner waits for the packer's next batch before it reads the
+# one in flight instead: long enough for a collation (tens to hundreds of us), short next to a batch on the device.
+AHEAD_WAIT_S = 0.002
 
 
 class PreparedBatch(Protocol):
@@ -42,6 +48,9 @@ class BatchEngine(Protocol):
 
     def collate(self, items: list[Any]) -> PreparedBatch: ...
     def run(self, batch: PreparedBatch) -> list[Any]: ...
+    overlaps: bool  # True: launch returns while the device still computes (then launch + finish, else run)
+    def launch(self, batch: PreparedBatch) -> Any: ...
+    def finish(self, launched: Any) -> list[Any]: ...
     def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]: ...
     pads_attention: bool  # False: any mix of lengths costs no padding (then batches are not priced)
     def release_cached_memory(self) -> None: ...
@@ -59,55 +68,6 @@ class BatchPolicy:
     max_padding_fraction: float = 1.0
     runners: int = 1  # batches computed at once
     runner_niceness: int = 0
-
-
-class Sink(Protocol):
-    """Where finished requests go: called from a batcher thread, once per batch, with the requests it finished."""
-
-    def deliver(self, tickets: list[Ticket]) -> None: ...
-
-
-@dataclass
-class Ticket:
-    """One request: its deadline, whether its client left, and its results as its inputs finish (in input
-    order). It is finished when every input has a result, or at its first error (the rest is then not
-    computed); the batcher hands it to its `sink` then, once."""
-
-    deadline: float  # time.monotonic() by which the entries must reach the device
-    size: int  # how many inputs
-    sink: Sink
-    tag: Any = None  # the sink's own reference to the request (a future, a request id)
-    cancelled: bool = False  # set by the caller when its client goes away
-    error: ServiceError | None = None
-    results: list = field(init=False)
-    missing: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.results = [None] * self.size
-        self.missing = self.size
-
-    def record(self, index: int, result, error: ServiceError | None) -> bool:
-        """One input's outcome; True when it finished the request."""
-        if self.missing == 0:
-            return False  # finished already (by an earlier error)
-        if error is not None:
-            self.error, self.missing, self.cancelled = error, 0, True
-            return True
-        self.results[index] = result
-        self.missing -= 1
-        return self.missing == 0
-
-
-@dataclass(eq=False)  # entries are compared by identity: equal items of two requests are two entries
-class Entry:
-    item: Any  # anything with len() = its tokens
-    ticket: Ticket
-    index: int  # the input's place in its request
-    enqueued_at: float = field(default_factory=time.monotonic)
-    length: int = field(init=False)  # tokens; read many times while the entry waits
-
-    def __post_init__(self) -> None:
-        self.length = len(self.item)
 
 
 class Batcher:
@@ -130,6 +90,7 @@ class Batcher:
         self._running = 0  # runners inside engine.run
         self._stopping = False
         self._packer_finished = False  # set by the packer once stopping and the queue is empty
+        self._collating = False  # the packer has chosen a batch and is collating it
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
@@ -200,14 +161,17 @@ class Batcher:
                     self._packer_finished = True
                     self._batch_ready.notify_all()
                     return
+                self._collating = True
             try:
                 batch = self.engine.collate([e.item for e in chosen])
             except Exception:  # noqa: BLE001 - a bad batch fails its own entries only
                 log.exception("collate failed")
+                with self._lock:
+                    self._collating = False
                 self._fail(chosen, ServiceError("internal", "internal error while preparing the batch"))
                 continue
             with self._lock:
-                self._prepared = (chosen, batch)
+                self._prepared, self._collating = (chosen, batch), False
                 self._batch_ready.notify()
 
     def _wait_and_select(self) -> list[Entry] | None:
@@ -271,62 +235,124 @@ class Batcher:
     def _run_loop(self) -> None:
         name_os_thread()
         lower_thread_priority(self.policy.runner_niceness)
+        in_flight: InFlight | None = None
         while True:
-            with self._lock:
+            taken = self._take_prepared(in_flight is not None)
+            if taken is None and in_flight is None:
+                return
+            if not self.engine.overlaps:
+                try:
+                    self._run_batch(*taken)
+                finally:
+                    self._release()
+                continue
+            # The next batch goes to the device before the last one's results are read: with nothing prepared, the
+            # one in flight is finished at once (no batch waits for company that may not come).
+            launched = self._launch(*taken) if taken is not None else None
+            if taken is not None and launched is None:
+                self._release()  # dropped, or failed (and answered) at launch
+            if in_flight is not None:
+                try:
+                    self._finish(in_flight)
+                finally:
+                    self._release()
+            in_flight = launched
+
+    def _take_prepared(self, in_flight: bool) -> tuple[list[Entry], PreparedBatch] | None:
+        """The prepared batch: waited for until the packer has finished, or with a batch in flight, None at once
+        unless the packer is about to prepare one (entries queued, or being collated); then up to AHEAD_WAIT_S."""
+        with self._lock:
+            if not in_flight:
                 while self._prepared is None and not self._packer_finished:
                     self._batch_ready.wait()
-                if self._prepared is None:
-                    return
-                chosen, batch = self._prepared
-                self._prepared = None
+            elif self._prepared is None and (self._queue or self._collating):
+                self._batch_ready.wait(AHEAD_WAIT_S)
+            taken, self._prepared = self._prepared, None
+            if taken is not None:
                 self._running += 1
                 self._cond.notify()  # the packer may prepare the next batch now
-            try:
-                self._run_batch(chosen, batch)
-            finally:
-                with self._lock:
-                    self._running -= 1
-                    self._cond.notify()
+            return taken
 
-    def _run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> None:
+    def _release(self) -> None:
+        """A taken batch is done with (answered, failed or dropped)."""
+        with self._lock:
+            self._running -= 1
+            self._cond.notify()
+
+    def _alive(self, chosen: list[Entry], batch: PreparedBatch) -> tuple[list[Entry], PreparedBatch | None]:
+        """The entries still wanted (those whose client left while the batch waited are answered and not computed;
+        the rest is collated again), each one's time in the queue observed."""
         alive = [e for e in chosen if not e.ticket.cancelled]
-        if len(alive) != len(chosen):  # a client left while its batch waited: do not compute it
+        if len(alive) != len(chosen):
             for entry in chosen:
                 if entry.ticket.cancelled:
                     self._drop(entry, "disconnected", ServiceError("unavailable", "client disconnected"))
             if not alive:
-                return
+                return [], None
             batch = self.engine.collate([e.item for e in alive])
         now = time.monotonic()
         for entry in alive:
             self.metrics.queue_seconds.observe(now - entry.enqueued_at)
-        self._run_splitting(alive, batch)
+        return alive, batch
+
+    def _run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> None:
+        alive, batch = self._alive(chosen, batch)
+        if alive:
+            self._run_splitting(alive, batch)
 
     def _run_splitting(self, entries: list[Entry], batch: PreparedBatch) -> None:
         started = time.perf_counter()
         try:
             results = self.engine.run(batch)
         except Exception as exc:  # noqa: BLE001 - failures fan out to this batch's entries only
-            out_of_memory = self.engine.is_out_of_memory(exc)
-            if out_of_memory and len(entries) > 1:
-                self.metrics.batch_splits.inc()
-                log.warning("out of memory on a batch of %d; splitting it", len(entries))
-                self.engine.release_cached_memory()
-                half = len(entries) // 2
-                for part in (entries[:half], entries[half:]):
-                    self._run_splitting(part, self.engine.collate([e.item for e in part]))
-                return
-            if out_of_memory:
-                error = ServiceError("unavailable", "the input does not fit in device memory", retry_after_s=5)
-            else:
-                log.exception("batch of %d failed", len(entries))
-                error = ServiceError("internal", "internal error while computing the batch")
-            self._fail(entries, error)
+            self._recover(entries, exc)
             return
+        self._observe(started, batch)
+        self._hand_back(entries, results)
+
+    def _launch(self, chosen: list[Entry], batch: PreparedBatch) -> InFlight | None:
+        alive, batch = self._alive(chosen, batch)
+        if not alive:
+            return None
+        started = time.perf_counter()
+        try:
+            return InFlight(alive, batch, self.engine.launch(batch), started)
+        except Exception as exc:  # noqa: BLE001 - as in _run_splitting (out of memory surfaces at launch)
+            self._recover(alive, exc)
+            return None
+
+    def _finish(self, in_flight: InFlight) -> None:
+        try:
+            results = self.engine.finish(in_flight.launched)
+        except Exception:  # noqa: BLE001 - a device error found at the wait: this batch's entries fail
+            log.exception("batch of %d failed", len(in_flight.entries))
+            self._fail(in_flight.entries, ServiceError("internal", "internal error while computing the batch"))
+            return
+        self._observe(in_flight.started, in_flight.batch)
+        self._hand_back(in_flight.entries, results)
+
+    def _recover(self, entries: list[Entry], exc: BaseException) -> None:
+        """A batch failed on the device: out of memory splits it in two and runs the halves, else its entries fail."""
+        out_of_memory = self.engine.is_out_of_memory(exc)
+        if out_of_memory and len(entries) > 1:
+            self.metrics.batch_splits.inc()
+            log.warning("out of memory on a batch of %d; splitting it", len(entries))
+            self.engine.release_cached_memory()
+            half = len(entries) // 2
+            for part in (entries[:half], entries[half:]):
+                self._run_splitting(part, self.engine.collate([e.item for e in part]))
+            return
+        if out_of_memory:
+            error = ServiceError("unavailable", "the input does not fit in device memory", retry_after_s=5)
+        else:
+            log.error("batch of %d failed", len(entries), exc_info=exc)
+            error = ServiceError("internal", "internal error while computing the batch")
+        self._fail(entries, error)
+
+    def _observe(self, started: float, batch: PreparedBatch) -> None:
         elapsed = time.perf_counter() - started
         self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
         self.metrics.observe_batch(elapsed, batch)
-        self._hand_back(entries, results)
 
     def _fail(self, entries: list[Entry], error: ServiceError) -> None:
         self._hand_back(entries, [None] * len(entries), error)
@@ -351,4 +377,4 @@ class Batcher:
         self._fail([entry], error)
 
 
-__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "Sink", "Ticket"]
+__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "InFlight", "Sink", "Ticket"]

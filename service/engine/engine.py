@@ -1,8 +1,9 @@
 """How a batch runs on the device. Knows nothing of queues, deadlines or HTTP.
 
-One forward pass of the encoder serves every item of a batch; each item then gets only its own head:
-token vectors or pooling (encode), the MLM head at its [MASK] positions only (fill-mask), the pooler
-and NSP head on its [CLS] (nsp).
+One forward pass of the encoder serves every item of a batch (replayed as a CUDA graph where there are
+some, service.engine.graphs); each item then gets only its own head (service.engine.heads). A batch is
+launched, then finished: on a GPU `launch` queues all of its device work and returns, and `finish` waits
+for it and builds the results, so the batcher can launch the next batch in between (`overlaps`).
 """
 
 from __future__ import annotations
@@ -15,29 +16,14 @@ from itertools import accumulate, chain
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
 from model.attention import attention_pads
 from model.flops import BatchPricer, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from service.engine.graphs import EncoderGraphs, Layout, stage
-from service.tasks import (
-    ClassifyItem,
-    ClassLogits,
-    EncodeItem,
-    FillMaskItem,
-    FillMaskScores,
-    Item,
-    MaskScores,
-    NspItem,
-    NspLogits,
-    PooledVector,
-    Result,
-    SparseItem,
-    SparseVector,
-    TokenVectors,
-)
+from service.engine.heads import Collector, launch_heads
+from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, Item, NspItem, Result
 
 log = logging.getLogger("service")
 
@@ -71,6 +57,15 @@ class Batch:
     def starts(self) -> list[int]:
         """Where each item begins in the packed layout."""
         return list(accumulate((len(i) for i in self.items[:-1]), initial=0))
+
+
+@dataclass
+class Launched:
+    """A batch's device work, queued: `done` is recorded after its last copy (None on a CPU, done already)."""
+
+    size: int
+    collectors: list[Collector]
+    done: torch.cuda.Event | None
 
 
 class Engine:
@@ -132,119 +127,50 @@ class Engine:
         collated before keep the path they were collated for."""
         self.graphs = graphs
 
-    @torch.inference_mode()
-    def run(self, batch: Batch) -> list[Result]:
-        with self._graph_memory if batch.staged is not None else nullcontext():
-            return self._run(batch)
+    @property
+    def overlaps(self) -> bool:
+        """Whether `launch` returns before the device has finished (a GPU): the batcher then launches the next
+        batch before it finishes this one."""
+        return self.device.type == "cuda"
 
-    def _run(self, batch: Batch) -> list[Result]:
-        for_heads = self._runs_heads(batch.items)
-        if batch.staged is not None:
-            embedded, hidden, packing = self.graphs.replay(batch.staged, batch.layout, batch.real_tokens, batch.size,
-                                                           for_heads)
-        else:
-            device = self.device
-            packing = batch.packing.to(device, non_blocking=True)
-            embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
-                                                        batch.token_type_ids.to(device, non_blocking=True), packing,
-                                                        for_heads)  # (N, H) each
-        results: list[Result | None] = [None] * batch.size
-        starts = batch.starts()
-        self._encode_outputs(batch, embedded, packing, starts, results)
-        if hidden is None:
-            return results
-        self._fill_mask_outputs(batch, hidden, starts, results)
-        self._nsp_outputs(batch, hidden, starts, results)
-        self._class_outputs(batch, hidden, starts, results)
-        self._sparse_outputs(batch, hidden, starts, results)
+    @torch.inference_mode()
+    def launch(self, batch: Batch) -> Launched:
+        """Queue the batch's whole device work: inputs up, the encoder, every item's head, the outputs' copies down."""
+        # Graphed batches share the graphs' memory: the next replay may start once this one's heads are queued.
+        with self._graph_memory if batch.staged is not None else nullcontext():
+            for_heads = self._runs_heads(batch.items)
+            if batch.staged is not None:
+                embedded, hidden, packing = self.graphs.replay(batch.staged, batch.layout, batch.real_tokens,
+                                                               batch.size, for_heads)
+            else:
+                device = self.device
+                packing = batch.packing.to(device, non_blocking=True)
+                embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
+                                                            batch.token_type_ids.to(device, non_blocking=True),
+                                                            packing, for_heads)  # (N, H) each
+            collectors = launch_heads(self.model, batch.items, embedded, hidden, packing, batch.starts())
+            done = None
+            if self.device.type == "cuda":
+                done = torch.cuda.Event()
+                done.record()
+        return Launched(batch.size, collectors, done)
+
+    def finish(self, launched: Launched) -> list[Result]:
+        """Wait for a launched batch's device work (the GIL is free meanwhile) and build its results."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        results: list[Result | None] = [None] * launched.size
+        for collect in launched.collectors:
+            collect(results)
         return results
+
+    def run(self, batch: Batch) -> list[Result]:
+        return self.finish(self.launch(batch))
 
     @staticmethod
     def _runs_heads(items: list[Item]) -> bool:
         """A checkpoint whose heads read layers above its embedding layer runs those only for items with a head."""
         return any(not isinstance(item, EncodeItem) for item in items)
-
-    # ---- heads ---------------------------------------------------------------------------------
-
-    def _encode_outputs(self, batch: Batch, hidden: torch.Tensor, packing: Packing, starts: list[int],
-                        results: list) -> None:
-        rows = [r for r, item in enumerate(batch.items) if isinstance(item, EncodeItem)]
-        if not rows:
-            return
-        hidden = hidden.float()
-        wanted = {(batch.items[r].pooling, batch.items[r].normalize) for r in rows}
-        host: dict[tuple[str, bool], np.ndarray] = {}  # only the variants some item asked for reach the host
-        for pooling, normalize in wanted:
-            if pooling == "none":
-                values = hidden  # (N, H): every item's token vectors, split per item below
-            elif pooling == "cls":
-                values = hidden[packing.starts]  # (B, H)
-            else:
-                ends = packing.cu_seqlens  # on the device already: no copy (and no wait) for the lengths
-                lengths = (ends[1:] - ends[:-1]).to(hidden.dtype)
-                sums = hidden.new_zeros(packing.batch, hidden.shape[-1]).index_add_(0, packing.rows, hidden)
-                values = sums / lengths[:, None]  # (B, H): mean over the item's tokens
-            host[(pooling, normalize)] = (F.normalize(values, dim=-1) if normalize else values).cpu().numpy()
-        for row in rows:
-            item = batch.items[row]
-            values = host[(item.pooling, item.normalize)]
-            if item.pooling == "none":
-                results[row] = TokenVectors(values[starts[row] : starts[row] + len(item)])
-            else:
-                results[row] = PooledVector(values[row])
-
-    def _fill_mask_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int], results: list) -> None:
-        wanted = [(r, p) for r, item in enumerate(batch.items) if isinstance(item, FillMaskItem)
-                  for p in item.mask_positions]
-        if not wanted:
-            return
-        at = torch.tensor([starts[r] + p for r, p in wanted], device=hidden.device)
-        probs = torch.softmax(self.model.mlm_logits(hidden[at]).float(), dim=-1)  # (M, V): masked positions only
-        k = max(batch.items[r].top_k for r, _ in wanted)
-        top_scores, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)  # on the device: only k values move
-        top_scores, top_ids = top_scores.cpu().numpy(), top_ids.cpu().numpy()
-        target_rows = [slot for slot, (r, _) in enumerate(wanted) if batch.items[r].target_ids]
-        target_probs = probs[target_rows].cpu().numpy() if target_rows else None
-        target_lookup = {slot: n for n, slot in enumerate(target_rows)}
-        for slot, (row, position) in enumerate(wanted):
-            item = batch.items[row]
-            if item.target_ids:
-                scores = target_probs[target_lookup[slot]][item.target_ids]
-                order = np.argsort(-scores, kind="stable")[: item.top_k]
-                mask = MaskScores(position, np.asarray(item.target_ids)[order], scores[order])
-            else:
-                mask = MaskScores(position, top_ids[slot, : item.top_k], top_scores[slot, : item.top_k])
-            if results[row] is None:
-                results[row] = FillMaskScores([])
-            results[row].masks.append(mask)
-
-    def _nsp_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int], results: list) -> None:
-        rows = [r for r, item in enumerate(batch.items) if isinstance(item, NspItem)]
-        if not rows:
-            return
-        cls_vectors = hidden[torch.tensor([starts[r] for r in rows], device=hidden.device)]  # (R, H)
-        logits = self.model.nsp_logits_from_cls(cls_vectors).float().cpu().numpy()
-        for slot, row in enumerate(rows):
-            results[row] = NspLogits(logits[slot])
-
-    def _class_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int], results: list) -> None:
-        rows = [r for r, item in enumerate(batch.items) if isinstance(item, ClassifyItem)]
-        if not rows:
-            return
-        cls_vectors = hidden[torch.tensor([starts[r] for r in rows], device=hidden.device)]  # (R, H)
-        logits = self.model.class_logits_from_cls(cls_vectors).float().cpu().numpy()  # (R, num_labels)
-        for slot, row in enumerate(rows):
-            results[row] = ClassLogits(logits[slot])
-
-    def _sparse_outputs(self, batch: Batch, hidden: torch.Tensor, starts: list[int], results: list) -> None:
-        """SPLADE weights: max over the item's tokens of log(1 + relu(MLM logits)), (V,) per item, kept sparse.
-        One item at a time: its (L, V) logits are the largest tensor any route makes."""
-        for row, item in enumerate(batch.items):
-            if isinstance(item, SparseItem):
-                logits = self.model.mlm_logits(hidden[starts[row] : starts[row] + len(item)]).float()  # (L, V)
-                weights = torch.log1p(torch.relu(logits)).amax(dim=0)  # (V,)
-                indices = weights.nonzero().squeeze(1)
-                results[row] = SparseVector(indices.cpu().numpy(), weights[indices].cpu().numpy())
 
     # ---- device housekeeping -------------------------------------------------------------------
 

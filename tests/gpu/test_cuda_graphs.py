@@ -1,6 +1,7 @@
 """CUDA graphs of the encoder (service.engine.graphs) captured and replayed on the GPU, in bfloat16 and float16:
 start-up captures one graph per bucket and checks it; then batches of every head, mixed lengths, a smaller
-batch after a bigger one in the same memory, answer as the eager engine does. Skipped where they do not run
+batch after a bigger one in the same memory, batches launched ahead of the last one's finish, answer as the
+eager engine does. Skipped where they do not run
 (no CUDA, torch without varlen attention, `python -m bench.gpu --dry-run` on the CPU); the same static path is
 tested on the CPU in tests/service/test_graphs.py."""
 
@@ -52,6 +53,25 @@ def test_replayed_batches_answer_as_eager_ones(dtype):
                 assert np.allclose([m.scores for m in a.masks], [m.scores for m in b.masks], atol=0.02)
             else:
                 assert np.isfinite(flat(b)).all() and cosine(flat(a), flat(b)) >= 0.999
+
+
+def test_batches_launched_ahead_finish_with_their_own_answers():
+    """The runner's order on a GPU: batch k+1 is launched (its graph replayed over the same memory) before batch k
+    is finished; k's heads were queued before that replay, so k's results are its own."""
+    model = random_model(VOCAB, hidden_size=2 * HEAD_DIM, num_attention_heads=2, intermediate_size=256,
+                         max_position_embeddings=256, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    engine = Engine(model, DEVICE, torch.bfloat16)
+    assert engine.overlaps
+    batches = [items_of(lengths, seed) for seed, lengths in enumerate(BATCHES)]
+    eager = [engine.run(engine.collate(items)) for items in batches]
+    assert capture_graphs(engine, 2048, 16, runners=1) > 0
+    launched = [engine.launch(engine.collate(items)) for items in batches]
+    for expected, handle in zip(eager, launched):
+        for a, b in zip(expected, engine.finish(handle)):
+            if hasattr(a, "masks"):
+                assert [m.token_ids[0] for m in a.masks] == [m.token_ids[0] for m in b.masks]
+            else:
+                assert cosine(flat(a), flat(b)) >= 0.999
 
 
 def test_no_graphs_with_two_batches_at_once_or_in_float32():

@@ -151,3 +151,15 @@ def test_batches_that_fit_no_graph_run_eagerly(static_path):
 def test_no_graphs_on_a_cpu():
     engine = engine_for()
     assert capture_graphs(engine, 1024, 16, runners=1) == 0 and engine.graphs is None
+
+
+def test_batches_launched_ahead_finish_with_their_own_answers(static_path):
+    """As the runner does on a GPU: the next batch is launched (and its graph replayed) before the last one is
+    finished; each batch's results come from its own outputs."""
+    engine = engine_for()
+    batches = [items_of(lengths, seed) for seed, lengths in enumerate([(40, 9, 17, 5, 30), (12, 7, 60), (33,) * 4])]
+    eager = [engine.run(engine.collate(items)) for items in batches]
+    static_path(engine, most_tokens=512, slots=8)
+    launched = [engine.launch(engine.collate(items)) for items in batches]
+    for expected, handle in zip(eager, launched):
+        assert_same(expected, engine.finish(handle))

@@ -1,0 +1,155 @@
+"""Each item's own head over its batch's hidden states, in two halves so that the host never waits mid-batch.
+
+`launch_heads` queues the device work (pooling, the MLM head at [MASK] positions only, pooler + NSP or
+classifier on [CLS], SPLADE weights) and the copies of what the items asked for to the host, and returns
+*collectors*; once the batch's device work has finished (the engine waits on one event), each collector
+turns its host arrays into the items' results. On a GPU the copies land in page-locked memory and the index
+tensors go up without a stream sync, so the engine can launch the next batch before it collects this one.
+On a CPU everything has happened by the time `launch_heads` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from model.bert import BertForPreTraining
+from model.packing import Packing
+from service.tasks import (
+    ClassifyItem,
+    ClassLogits,
+    EncodeItem,
+    FillMaskItem,
+    FillMaskScores,
+    Item,
+    MaskScores,
+    NspItem,
+    NspLogits,
+    PooledVector,
+    Result,
+    SparseItem,
+    SparseVector,
+    TokenVectors,
+)
+
+Collector = Callable[[list], None]  # fills its items' places in a batch's list of results
+
+
+def to_host(values: torch.Tensor) -> torch.Tensor:
+    """A copy on the host, valid once the device has caught up (from CUDA: page-locked, queued, not waited for)."""
+    return values.to("cpu", non_blocking=True)
+
+
+def to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host integers as a device index; the copy is queued without waiting for the device's queued work."""
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.Tensor, hidden: torch.Tensor | None,
+                 packing: Packing, starts: list[int]) -> list[Collector]:
+    """The device work of every item's head; `embedded` feeds /encode, `hidden` (the last layer) the other heads."""
+    found = [_encode(items, embedded, packing, starts)]
+    if hidden is not None:
+        found += [_fill_mask(model, items, hidden, starts), _cls_head(items, hidden, starts, NspItem,
+                                                                      model.nsp_logits_from_cls, NspLogits),
+                  _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits),
+                  _sparse(model, items, hidden, starts)]
+    return [collect for collect in found if collect is not None]
+
+
+def _encode(items: list[Item], hidden: torch.Tensor, packing: Packing, starts: list[int]) -> Collector | None:
+    rows = [r for r, item in enumerate(items) if isinstance(item, EncodeItem)]
+    if not rows:
+        return None
+    hidden = hidden.float()
+    host: dict[tuple[str, bool], torch.Tensor] = {}  # only the variants some item asked for reach the host
+    for pooling, normalize in {(items[r].pooling, items[r].normalize) for r in rows}:
+        if pooling == "none":
+            values = hidden  # (N, H): every item's token vectors, split per item below
+        elif pooling == "cls":
+            values = hidden[packing.starts]  # (B, H)
+        else:
+            ends = packing.cu_seqlens  # on the device already: no copy (and no wait) for the lengths
+            lengths = (ends[1:] - ends[:-1]).to(hidden.dtype)
+            sums = hidden.new_zeros(packing.batch, hidden.shape[-1]).index_add_(0, packing.rows, hidden)
+            values = sums / lengths[:, None]  # (B, H): mean over the item's tokens
+        host[pooling, normalize] = to_host(F.normalize(values, dim=-1) if normalize else values)
+
+    def collect(results: list) -> None:
+        arrays = {key: values.numpy() for key, values in host.items()}
+        for row in rows:
+            item = items[row]
+            values = arrays[item.pooling, item.normalize]
+            if item.pooling == "none":
+                results[row] = TokenVectors(values[starts[row] : starts[row] + len(item)])
+            else:
+                results[row] = PooledVector(values[row])
+    return collect
+
+
+def _fill_mask(model: BertForPreTraining, items: list[Item], hidden: torch.Tensor, starts: list[int]
+               ) -> Collector | None:
+    wanted = [(r, p) for r, item in enumerate(items) if isinstance(item, FillMaskItem) for p in item.mask_positions]
+    if not wanted:
+        return None
+    at = to_device([starts[r] + p for r, p in wanted], hidden.device)
+    probs = torch.softmax(model.mlm_logits(hidden[at]).float(), dim=-1)  # (M, V): masked positions only
+    k = max(items[r].top_k for r, _ in wanted)
+    top_scores, top_ids = probs.topk(min(k, probs.shape[-1]), dim=-1)  # on the device: only k values move
+    top_scores, top_ids = to_host(top_scores), to_host(top_ids)
+    target_rows = [slot for slot, (r, _) in enumerate(wanted) if items[r].target_ids]
+    target_probs = to_host(probs[to_device(target_rows, probs.device)]) if target_rows else None
+    target_lookup = {slot: n for n, slot in enumerate(target_rows)}
+
+    def collect(results: list) -> None:
+        scores_of, ids_of = top_scores.numpy(), top_ids.numpy()
+        for slot, (row, position) in enumerate(wanted):
+            item = items[row]
+            if item.target_ids:
+                scores = target_probs[target_lookup[slot]].numpy()[item.target_ids]
+                order = np.argsort(-scores, kind="stable")[: item.top_k]
+                mask = MaskScores(position, np.asarray(item.target_ids)[order], scores[order])
+            else:
+                mask = MaskScores(position, ids_of[slot, : item.top_k], scores_of[slot, : item.top_k])
+            if results[row] is None:
+                results[row] = FillMaskScores([])
+            results[row].masks.append(mask)
+    return collect
+
+
+def _cls_head(items: list[Item], hidden: torch.Tensor, starts: list[int], kind: type,
+              head: Callable[[torch.Tensor], torch.Tensor], result: Callable[[np.ndarray], Result]) -> Collector | None:
+    """A head on the last layer's [CLS] vector of each item of `kind` (NSP, a classifier)."""
+    rows = [r for r, item in enumerate(items) if isinstance(item, kind)]
+    if not rows:
+        return None
+    logits = to_host(head(hidden[to_device([starts[r] for r in rows], hidden.device)]).float())  # (R, classes)
+
+    def collect(results: list) -> None:
+        for row, values in zip(rows, logits.numpy()):
+            results[row] = result(values)
+    return collect
+
+
+def _sparse(model: BertForPreTraining, items: list[Item], hidden: torch.Tensor, starts: list[int]
+            ) -> Collector | None:
+    """SPLADE weights: max over the item's tokens of log(1 + relu(MLM logits)), (V,) per item, kept sparse.
+    One item at a time (its (L, V) logits are the largest tensor any route makes); finding the non-zero
+    weights waits for the device, so these are computed here, not collected later."""
+    found = {}
+    for row, item in enumerate(items):
+        if isinstance(item, SparseItem):
+            logits = model.mlm_logits(hidden[starts[row] : starts[row] + len(item)]).float()  # (L, V)
+            weights = torch.log1p(torch.relu(logits)).amax(dim=0)  # (V,)
+            indices = weights.nonzero().squeeze(1)
+            found[row] = SparseVector(indices.cpu().numpy(), weights[indices].cpu().numpy())
+    if not found:
+        return None
+
+    def collect(results: list) -> None:
+        for row, value in found.items():
+            results[row] = value
+    return collect

@@ -1,0 +1,72 @@
+"""What the batcher keeps of a request: its `Ticket` (deadline, results, where they go), one `Entry` per input
+in the queue, and a batch `InFlight` on an asynchronous device."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from service.errors import ServiceError
+
+if TYPE_CHECKING:
+    from service.engine.batcher import PreparedBatch
+
+
+class Sink(Protocol):
+    """Where finished requests go: called from a batcher thread, once per batch, with the requests it finished."""
+
+    def deliver(self, tickets: list[Ticket]) -> None: ...
+
+
+@dataclass
+class Ticket:
+    """One request: its deadline, whether its client left, and its results as its inputs finish (in input
+    order). It is finished when every input has a result, or at its first error (the rest is then not
+    computed); the batcher hands it to its `sink` then, once."""
+
+    deadline: float  # time.monotonic() by which the entries must reach the device
+    size: int  # how many inputs
+    sink: Sink
+    tag: Any = None  # the sink's own reference to the request (a future, a request id)
+    cancelled: bool = False  # set by the caller when its client goes away
+    error: ServiceError | None = None
+    results: list = field(init=False)
+    missing: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.results = [None] * self.size
+        self.missing = self.size
+
+    def record(self, index: int, result, error: ServiceError | None) -> bool:
+        """One input's outcome; True when it finished the request."""
+        if self.missing == 0:
+            return False  # finished already (by an earlier error)
+        if error is not None:
+            self.error, self.missing, self.cancelled = error, 0, True
+            return True
+        self.results[index] = result
+        self.missing -= 1
+        return self.missing == 0
+
+
+@dataclass
+class InFlight:
+    """A batch launched on an asynchronous device whose results the runner has not read yet."""
+
+    entries: list[Entry]
+    batch: PreparedBatch
+    launched: Any  # the engine's handle, for finish
+    started: float  # time.perf_counter() at launch
+
+
+@dataclass(eq=False)  # entries are compared by identity: equal items of two requests are two entries
+class Entry:
+    item: Any  # anything with len() = its tokens
+    ticket: Ticket
+    index: int  # the input's place in its request
+    enqueued_at: float = field(default_factory=time.monotonic)
+    length: int = field(init=False)  # tokens; read many times while the entry waits
+
+    def __post_init__(self) -> None:
+        self.length = len(self.item)
