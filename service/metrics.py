@@ -50,6 +50,12 @@ class Metrics:
         self.tokens_padded = Counter("bert_tokens_padded",
                                      "Tokens in attention's padded layout (the token-wise layers see real tokens only).",
                                      registry=r)
+        self.batches_graphed = Counter("bert_batches_graphed",
+                                       "Batches whose encoder ran as one CUDA graph replay (the others ran op by op).",
+                                       registry=r)
+        self.graph_padding_rows = Counter("bert_graph_padding_rows",
+                                          "Rows a graphed batch computed beyond its real tokens (up to its graph's size).",
+                                          registry=r)
         self.flops = Counter("bert_model_flops", "Encoder FLOPs of the batches computed.", registry=r)
         self.flops_padding = Counter("bert_model_flops_padding", "The part of bert_model_flops spent on padding.",
                                      registry=r)
@@ -65,6 +71,10 @@ class Metrics:
         self.tokens_padded.inc(batch.padded_tokens)
         self.flops.inc(batch.flops)
         self.flops_padding.inc(batch.padding_flops)
+        graph_rows = getattr(batch, "graph_rows", 0)  # an engine without CUDA graphs has none
+        if graph_rows:
+            self.batches_graphed.inc()
+            self.graph_padding_rows.inc(graph_rows - batch.real_tokens)
 
     def render(self) -> bytes:
         if os.environ.get(MULTIPROCESS_DIR):

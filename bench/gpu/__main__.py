@@ -123,6 +123,8 @@ def serving_lines(label: str, serve: dict) -> list[str]:
                          f"padding {fmt(r['padding'], '.1%')}" + (
                              f"; engine.run {fmt(r.get('batch_ms'), '.2f')} ms a batch, busy "
                              f"{fmt(r.get('engine_busy'), '.0%')}, queue wait {fmt(r.get('queue_ms'), '.1f')} ms"
+                             f"; graphed {fmt(r.get('graphed'), '.0%')} of batches"
+                             + (f", {r['graph_padding']:.1%} rows of padding" if r.get("graph_padding") else "")
                              if r["system"].startswith("service") else "") + " |")
     return lines
 

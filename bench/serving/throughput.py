@@ -62,6 +62,9 @@ class Row:
     batch_ms: float | None = None
     engine_busy: float | None = None
     queue_ms: float | None = None
+    # CUDA graphs: the share of batches replayed as one, and the rows they added beyond the real tokens (per real token)
+    graphed: float | None = None
+    graph_padding: float | None = None
 
 
 def sentences(limit: int, fixed_length: int | None, tokenizer) -> list[str]:
@@ -125,6 +128,10 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
         run_seconds = metric_delta(before, after, "bert_inference_seconds_sum")
         row.batch_ms = 1000 * run_seconds / batches if batches else None
         row.engine_busy = run_seconds / seconds
+        graphed = metric_delta(before, after, "bert_batches_graphed_total")
+        row.graphed = graphed / batches if batches else None
+        real = metric_delta(before, after, "bert_tokens_real_total")
+        row.graph_padding = metric_delta(before, after, "bert_graph_padding_rows_total") / real if graphed and real else None
         waits = metric_delta(before, after, "bert_queue_time_seconds_count")
         row.queue_ms = 1000 * metric_delta(before, after, "bert_queue_time_seconds_sum") / waits if waits else None
     return row

@@ -50,6 +50,11 @@ class Batch:
         return len(self.input_ids)
 
     @property
+    def graph_rows(self) -> int:
+        """Rows the encoder computes for a graphed batch (its bucket); 0 for a batch that runs op by op."""
+        return self.layout.tokens if self.layout is not None else 0
+
+    @property
     def padded_tokens(self) -> int:
         """Tokens in attention's padded (B, T) layout; the token-wise layers compute `real_tokens` only."""
         return self.packing.batch * self.packing.width

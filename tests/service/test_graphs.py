@@ -163,3 +163,18 @@ def test_batches_launched_ahead_finish_with_their_own_answers(static_path):
     launched = [engine.launch(engine.collate(items)) for items in batches]
     for expected, handle in zip(eager, launched):
         assert_same(expected, engine.finish(handle))
+
+
+def test_graphed_batches_and_their_padding_rows_are_counted(static_path):
+    from service.metrics import Metrics
+
+    engine = engine_for()
+    eager = engine.collate(items_of((20, 9), seed=1))
+    static_path(engine, most_tokens=512, slots=8)
+    graphed = engine.collate(items_of((20, 9, 40), seed=2))
+    metrics = Metrics()
+    for batch in (eager, graphed):
+        metrics.observe_batch(0.01, batch)
+    text = metrics.render().decode()
+    assert "bert_batches_graphed_total 1.0" in text
+    assert f"bert_graph_padding_rows_total {float(128 - 69)}" in text  # 69 tokens padded up to the 128 bucket
