@@ -178,3 +178,28 @@ def test_graphed_batches_and_their_padding_rows_are_counted(static_path):
     text = metrics.render().decode()
     assert "bert_batches_graphed_total 1.0" in text
     assert f"bert_graph_padding_rows_total {float(128 - 69)}" in text  # 69 tokens padded up to the 128 bucket
+
+
+def test_graphs_are_adopted_only_if_they_answer_as_the_eager_engine(static_path, monkeypatch, caplog):
+    from service.engine.loader import adopt_if_faithful
+
+    engine = engine_for()
+    graphs = EncoderGraphs(engine.model, engine.device, 512, 8, capture=False)
+    graphs.capture_all()
+    assert adopt_if_faithful(engine, graphs) == len(graphs) and engine.graphs is graphs
+
+    engine.use_graphs(None)
+    replay = graphs.replay
+
+    def drifting(*args):  # a replay whose states are off: the check must refuse it
+        embedded, hidden, packing = replay(*args)
+        return embedded.flip(-1), hidden, packing
+    monkeypatch.setattr(graphs, "replay", drifting)
+    assert adopt_if_faithful(engine, graphs) == 0 and engine.graphs is None
+    assert "differ from the eager ones (cosine" in caplog.text
+
+    def failing(*args):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(graphs, "replay", failing)
+    assert adopt_if_faithful(engine, graphs) == 0 and engine.graphs is None
+    assert "the replay failed: operation not permitted" in caplog.text
