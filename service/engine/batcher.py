@@ -87,7 +87,7 @@ class Batcher:
         self._cond = threading.Condition(self._lock)  # the packer waits on it
         self._batch_ready = threading.Condition(self._lock)  # the runners wait on it
         self._prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
-        self._running = 0  # runners inside engine.run
+        self._running = 0  # batches taken by runners and not yet answered (on a GPU, up to two a runner)
         self._stopping = False
         self._packer_finished = False  # set by the packer once stopping and the queue is empty
         self._collating = False  # the packer has chosen a batch and is collating it
