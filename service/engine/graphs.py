@@ -18,12 +18,12 @@ replays them in one call. Graphs need fixed shapes and fixed addresses, which th
 
 Padding rows compute values that nothing reads: every layer but attention works row by row, and attention
 gives them no sequence (its output rows for them are whatever the memory held). The graphs share one memory
-pool, so one batch runs at a time; the engine holds a lock from the copy in until its results are on the host.
+pool: the engine holds a lock from a batch's copy in until its heads are queued, after which the next replay,
+queued behind them on the same stream, may overwrite the outputs.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 
@@ -31,8 +31,6 @@ import numpy as np
 import torch
 
 from model.packing import Packing
-
-log = logging.getLogger("service")
 
 SMALLEST_BUCKET = 64
 BUCKETS_PER_DOUBLING = 8
