@@ -69,8 +69,9 @@ def items_of(lengths, seed: int) -> list:
             items.append(EncodeItem(ids, types, pooling="mean", normalize=True))
         elif kind == 2:
             items.append(EncodeItem(ids, types, pooling="cls"))
-        elif kind == 3:
-            items.append(FillMaskItem(ids, types, mask_positions=[1, length - 2], top_k=4))
+        elif kind == 3:  # every other one scores chosen tokens only
+            targets = [7, 11, 19, 23, 42] if n % 2 else None
+            items.append(FillMaskItem(ids, types, mask_positions=[1, length - 2], top_k=4, target_ids=targets))
         else:
             items.append(NspItem(ids, [0] * (length // 2) + [1] * (length - length // 2)))
     return items
