@@ -118,9 +118,9 @@ class EncoderGraphs:
         return lambda: self.model.encode_packed(ids, types, packing, for_heads)
 
     def _record(self, layout: Layout, for_heads: bool):
-        forward = self._static_forward(layout, for_heads)
         if not self.capture:
             return None, ()
+        forward = self._static_forward(layout, for_heads)
         # Warm up on a side stream first (PyTorch's advice for capture: lazy initialisation stays out of the graph).
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -139,9 +139,10 @@ class EncoderGraphs:
         states or None unless `for_heads`, the batch's Packing on the device for the heads). The outputs are the
         graph's own memory: read them before the next replay."""
         self.inputs[: layout.size].copy_(staged, non_blocking=True)
-        graph, outputs = self.graphs[layout.tokens, for_heads or not self.split]
+        whole_stack = for_heads or not self.split  # which of the bucket's graphs: one serves both without a split
+        graph, outputs = self.graphs[layout.tokens, whole_stack]
         if graph is None:
-            outputs = self._static_forward(layout, for_heads or not self.split)()
+            outputs = self._static_forward(layout, whole_stack)()
         else:
             graph.replay()
         embedded, hidden = outputs
