@@ -51,6 +51,15 @@ class BertEmbeddings(nn.Module):
 Mask = torch.Tensor | Packing | None  # a (B, 1, 1, T) key mask for padded input, a Packing for packed input
 
 
+def rows_at(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(B, T, H) states at `keep`: a boolean (B, T) gives (K, H), the kept rows in row-major order (K is known only
+    once the device has counted them); (B, Q) positions give (B, Q, H), a shape known before anything runs, which a
+    step replayed as a CUDA graph needs. A position may repeat (fixed slots fill their spare places with [CLS])."""
+    if keep.dtype == torch.bool:
+        return x[keep]
+    return x.gather(1, keep.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
 class BertSelfAttention(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -68,7 +77,8 @@ class BertSelfAttention(nn.Module):
         """x is (B, T, H) with a key mask (or None), or packed (N, H) with its Packing.
 
         With `keep`, a boolean (B, T), only the kept tokens ask queries: the result is (K, H) for
-        them, row-major, while keys and values still come from every token.
+        them, row-major, while keys and values still come from every token; or with (B, Q) positions,
+        (B, Q, H) for those (see `rows_at`).
         """
         if isinstance(attn_mask, Packing):
             if keep is not None:
@@ -84,11 +94,11 @@ class BertSelfAttention(nn.Module):
             return packing.unpad(self._attend(q, k, v, packing.key_mask))
         if self.fused_qkv is not None:
             q, k, v = self.fused_qkv(x).chunk(3, -1)
-            q = q if keep is None else q[keep]
+            q = q if keep is None else rows_at(q, keep)
         else:
-            q, k, v = self.query(x if keep is None else x[keep]), self.key(x), self.value(x)
-        if keep is None:
-            return self._attend(q, k, v, attn_mask)
+            q, k, v = self.query(x if keep is None else rows_at(x, keep)), self.key(x), self.value(x)
+        if keep is None or keep.dtype != torch.bool:
+            return self._attend(q, k, v, attn_mask)  # (B, T, H), or (B, Q, H) for Q positions a row
         # Kept tokens' queries, left-aligned per sequence in a (B, Q, H) layout (Q = most kept in a row, at least 2:
         # a compiled step cannot tell whether a count read from the device is 1, where reshapes would differ).
         counts = keep.sum(1)
@@ -135,10 +145,10 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(config)
 
     def forward(self, x: torch.Tensor, attn_mask: Mask, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """With `keep` (boolean (B, T)) only the kept tokens come out, (K, H): they attend to every
-        token, but nothing else is computed for the others."""
+        """With `keep` only the kept tokens come out (`rows_at`): they attend to every token, but nothing
+        else is computed for the others."""
         context = self.self(x, attn_mask, keep)
-        return self.output(context, x if keep is None else x[keep])
+        return self.output(context, x if keep is None else rows_at(x, keep))
 
 
 class BertIntermediate(nn.Module):
@@ -181,8 +191,8 @@ class BertEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: Mask, keep_last: torch.Tensor | None = None, start: int = 0,
                 stop: int | None = None) -> torch.Tensor:
-        """All tokens through layers start..stop-1 (every layer by default), or with `keep_last` (boolean over
-        the token dims) the last of those layers' output only for those tokens, (K, H) in row-major order."""
+        """All tokens through layers start..stop-1 (every layer by default), or with `keep_last` the last of those
+        layers' output only for those tokens (`rows_at`: (K, H) for a boolean (B, T), (B, Q, H) for positions)."""
         layers = self.layer[start:stop]
         for index, layer in enumerate(layers):
             x = layer(x, attn_mask, keep_last if index == len(layers) - 1 else None)

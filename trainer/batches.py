@@ -25,19 +25,25 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.data import PreparedData
 from trainer.examples import PairBatch, TrainingPairs, collate
-from trainer.masking import MaskedBatch, mask_tokens
+from trainer.masking import MaskedBatch, in_slots, mask_tokens, slots_per_row
 from trainer.options import TrainOptions
 from trainer.state import Progress
 
 
 def training_batch(pairs: TrainingPairs, progress: Progress, options: TrainOptions, data: PreparedData,
-                   replace: torch.Tensor) -> tuple[PairBatch, MaskedBatch]:
+                   replace: torch.Tensor, fixed_shapes: bool = False) -> tuple[PairBatch, MaskedBatch]:
     """Step `progress.step`'s pairs and masks (advancing the data cursors): the same on every rank,
-    and the same again after a resume."""
+    and the same again after a resume. `fixed_shapes`: padded to --max-seq-len, the masks also in fixed slots
+    (`in_slots`), for a step replayed as CUDA graphs; the same pairs and masks either way."""
     batch = collate(pairs.batch(progress.step, options.batch_size, progress.cursors), data.tokenizer)
     generator = torch.Generator().manual_seed(options.seed * 1_000_003 + progress.step)
     masked = mask_tokens(batch.input_ids, batch.special_mask, generator, data.tokenizer.mask_id, replace,
                          options.mask_rate)
+    if fixed_shapes:  # padded after masking: the masks are drawn over the same shape either way
+        pad = data.tokenizer.pad_id
+        batch = batch.padded_to(options.max_seq_len, pad)
+        masked = in_slots(masked.padded_to(options.max_seq_len, pad), slots_per_row(options.max_seq_len,
+                                                                                     options.mask_rate))
     return batch, masked
 
 
@@ -53,14 +59,15 @@ class _Steps(IterableDataset):
     """Step `first`'s batch, then the next step's, without end (the loop decides when to stop)."""
 
     def __init__(self, pairs: TrainingPairs, first: int, cursors: list[list[int]], options: TrainOptions,
-                 data: PreparedData, replace: torch.Tensor):
+                 data: PreparedData, replace: torch.Tensor, fixed_shapes: bool):
         self.pairs, self.first, self.cursors = pairs, first, cursors
-        self.options, self.data, self.replace = options, data, replace
+        self.options, self.data, self.replace, self.fixed_shapes = options, data, replace, fixed_shapes
 
     def __iter__(self) -> Iterator[dict]:
         progress = Progress(step=self.first, cursors=copy.deepcopy(self.cursors))
         while True:
-            batch, masked = training_batch(self.pairs, progress, self.options, self.data, self.replace)
+            batch, masked = training_batch(self.pairs, progress, self.options, self.data, self.replace,
+                                           self.fixed_shapes)
             # Plain containers of tensors: the DataLoader pins those (a dataclass it would pass on unpinned).
             yield {"step": progress.step, "batch": batch.__dict__.copy(), "masked": masked.__dict__.copy(),
                    "cursors": copy.deepcopy(progress.cursors)}
@@ -69,11 +76,12 @@ class _Steps(IterableDataset):
 
 class BatchStream:
     """`next(step) -> StepBatch`, for steps `first`, `first` + 1, ... in order. `ahead` = True: built by a
-    worker process up to two steps ahead and pinned (for a CUDA device); False: built when asked for."""
+    worker process up to two steps ahead and pinned (for a CUDA device); False: built when asked for.
+    `fixed_shapes`: see `training_batch`."""
 
     def __init__(self, pairs: TrainingPairs, first: int, cursors: list[list[int]], options: TrainOptions,
-                 data: PreparedData, replace: torch.Tensor, ahead: bool):
-        steps = _Steps(pairs, first, cursors, options, data, replace)
+                 data: PreparedData, replace: torch.Tensor, ahead: bool, fixed_shapes: bool = False):
+        steps = _Steps(pairs, first, cursors, options, data, replace, fixed_shapes)
         if ahead:
             # fork: the worker shares the corpus instead of receiving a copy; it never touches the device.
             context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() \

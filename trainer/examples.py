@@ -180,9 +180,22 @@ class PairBatch:
         return PairBatch(*(t[start:stop] for t in (self.input_ids, self.token_type_ids, self.attention_mask,
                                                     self.special_mask, self.nsp_labels)))
 
+    def padded_to(self, width: int, pad_id: int) -> "PairBatch":
+        """The same pairs, padded on to `width` tokens (a step of fixed shapes)."""
+        return PairBatch(pad_columns(self.input_ids, width, pad_id), pad_columns(self.token_type_ids, width, 0),
+                         pad_columns(self.attention_mask, width, 0), pad_columns(self.special_mask, width, True),
+                         self.nsp_labels)
+
     @property
     def num_real_tokens(self) -> int:
         return int(self.attention_mask.sum())
+
+
+def pad_columns(rows: torch.Tensor, width: int, value) -> torch.Tensor:
+    """(B, T) -> (B, width), new columns filled with `value`."""
+    if width < rows.shape[1]:
+        raise ValueError(f"pairs of {rows.shape[1]} tokens do not fit a width of {width}")
+    return torch.cat((rows, rows.new_full((rows.shape[0], width - rows.shape[1]), value)), 1)
 
 
 def collate(examples: list[PairExample], tokenizer: WordPieceTokenizer) -> PairBatch:

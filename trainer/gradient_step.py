@@ -45,20 +45,24 @@ class GradientStep:
     """`step(batch, masked, step_number) -> StepStats`: forward, backward and the optimizer's update.
 
     `wrapped` is the step module as DDP wraps it (its `no_sync` skips the all-reduce of all but the last
-    micro-batch); `step_model` is what runs forward (the wrapped module, compiled or not)."""
+    micro-batch); `step_model` is what runs forward (the wrapped module, compiled or not). `cuda_graphs`: the
+    step_model replays CUDA graphs (`trainer.step.compile_step`), so batches come in fixed slots and each step
+    tells it that the last one's outputs may be overwritten."""
 
     def __init__(self, options: TrainOptions, placement: Placement, wrapped: torch.nn.Module,
                  step_model: torch.nn.Module, optimizer: torch.optim.Optimizer, encoder_params: list,
-                 teacher: torch.nn.Module | None, autocast: torch.dtype | None, sep_id: int):
+                 teacher: torch.nn.Module | None, autocast: torch.dtype | None, sep_id: int, cuda_graphs: bool = False):
         self.options, self.placement = options, placement
         self.wrapped, self.step_model, self.optimizer = wrapped, step_model, optimizer
         self.encoder_params, self.teacher, self.autocast, self.sep_id = encoder_params, teacher, autocast, sep_id
+        self.cuda_graphs = cuda_graphs
 
     def __call__(self, batch: PairBatch, masked: MaskedBatch, step_number: int) -> dict:
         options, device, world, rank = self.options, self.placement.device, self.placement.world, self.placement.rank
         per_rank = options.batch_size // world
         micro = per_rank // options.grad_accum
         total_masked = int(masked.positions.sum())  # (the batch is on the host: no wait for the device)
+        fixed = masked.slots is not None  # every shape fixed: the width, the slots, the clean segments, the mask
         # Summed on the device: reading a value back each micro-batch made the host wait for the device four
         # times a micro-batch, and the device then idled while the host queued the next work.
         sums = torch.zeros(len(_SUMS), device=device)
@@ -66,27 +70,33 @@ class GradientStep:
         for index in range(options.grad_accum):
             lo = rank * per_rank + index * micro
             hi = lo + micro
-            first_label = int(label_offsets[lo - 1]) if lo > 0 else 0
-            labels = masked.labels[first_label : int(label_offsets[hi - 1])].to(device, non_blocking=True)
             part = batch.slice(lo, hi)
-            positions = masked.positions[lo:hi].to(device, non_blocking=True)
-            last = index == options.grad_accum - 1
             # non_blocking: the batches come pinned on a GPU (trainer/batches.py), so the host need not wait for the
             # device to finish the last step before queueing this one.
+            if fixed:
+                labels = masked.slot_labels[lo:hi].flatten().to(device, non_blocking=True)
+                slots = masked.slots[lo:hi].to(device, non_blocking=True)
+            else:
+                first_label = int(label_offsets[lo - 1]) if lo > 0 else 0
+                labels = masked.labels[first_label : int(label_offsets[hi - 1])].to(device, non_blocking=True)
+                slots = None
+            positions = masked.positions[lo:hi].to(device, non_blocking=True)
+            last = index == options.grad_accum - 1
             inputs = tuple(t.to(device, non_blocking=True) for t in (masked.input_ids[lo:hi], part.token_type_ids,
                                                                      part.attention_mask))
-            padded = not bool(part.attention_mask.all())  # read on the host: asked of the device, it waits for it
+            # read on the host (asked of the device, it waits for it); a fixed-shape step always masks (one graph)
+            padded = fixed or not bool(part.attention_mask.all())
             clean = None
             if self.teacher is not None and options.preserve_over == "clean":  # the unmasked ids, first segments
                 clean = tuple(t.to(device) for t in first_segments(part.input_ids, part.token_type_ids,
-                                                                   part.attention_mask, self.sep_id))
+                                                                   part.attention_mask, self.sep_id, fixed_width=fixed))
+            nsp_labels = part.nsp_labels.to(device, non_blocking=True)
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: reuse their memory
             with nullcontext() if (last or world == 1) else self.wrapped.no_sync():
                 with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                    mlm_logits, nsp_logits, vectors = self.step_model(*inputs, positions, clean, padded)
-                mlm_logits, nsp_logits = mlm_logits.float(), nsp_logits.float()  # losses in float32
-                nsp_labels = part.nsp_labels.to(device, non_blocking=True)
-                mlm_sum = F.cross_entropy(mlm_logits, labels, reduction="sum")
-                nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
+                    mlm_sum, nsp_sum, mlm_correct, nsp_correct, vectors = self.step_model(
+                        *inputs, positions, labels, nsp_labels, clean, padded, slots)
                 loss = mlm_sum / total_masked + nsp_sum / options.batch_size
                 if self.teacher is not None:
                     drift_sum = self._drift(inputs, positions, clean, vectors).sum()
@@ -95,8 +105,8 @@ class GradientStep:
                 (loss * world).backward()
             sums[0] += mlm_sum.detach()
             sums[1] += nsp_sum.detach()
-            sums[2] += (mlm_logits.argmax(-1) == labels).sum()
-            sums[3] += (nsp_logits.argmax(-1) == nsp_labels).sum()
+            sums[2] += mlm_correct
+            sums[3] += nsp_correct
         if step_number < options.freeze_encoder_steps:
             # The fresh heads learn against the encoder as it is: its gradients are dropped, so the optimizer
             # (AdamW skips parameters without one) neither moves nor decays it. DDP-safe: nothing is unhooked.

@@ -35,7 +35,7 @@ from trainer.placement import Placement, autocast_dtype, leave, place
 from trainer.retention import build_probe
 from trainer.run_files import RunFiles, command_history, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
-from trainer.step import PreTrainingStep, compile_step
+from trainer.step import PreTrainingStep, compile_step, cuda_graph_skips, replays_cuda_graphs
 from trainer.warm_start import WarmStart, embedding_parameter, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
@@ -124,7 +124,12 @@ class Training:
         self.step_module = PreTrainingStep(self.model, options.preserve_over if self.teacher is not None else None)
         self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)
                         if placement.world > 1 else self.step_module)
-        self.step_model = compile_step(self.wrapped) if options.compile else self.wrapped
+        self.cuda_graphs = replays_cuda_graphs(options, placement)
+        self.told_of_skips = False
+        if options.compile:
+            log.info("compiling the step %s", "as CUDA graphs of one shape (--cuda-graphs)" if self.cuda_graphs else
+                     "for changing shapes")
+        self.step_model = compile_step(self.wrapped, cuda_graphs=self.cuda_graphs) if options.compile else self.wrapped
         config = self.model.config
         self.eval_set = build_eval_set(self.data.eval, self.data.tokenizer, config.vocab_size,
                                        options.max_seq_len, options.eval_examples) if placement.is_writer else None
@@ -135,7 +140,7 @@ class Training:
             self.eval_set.retention = build_probe(self.data.eval, self.data.tokenizer, reference, device)
         self.replace = replaceable_ids(self.data.tokenizer, config.vocab_size)
         self.step = GradientStep(options, placement, self.wrapped, self.step_model, self.optimizer, self.encoder_params,
-                                 self.teacher, self.autocast, self.data.tokenizer.sep_id)
+                                 self.teacher, self.autocast, self.data.tokenizer.sep_id, self.cuda_graphs)
         self.flops_per_token = 3 * model_flops_per_token(config, options.max_seq_len, options.mask_rate)
 
     def _prepare(self, tokenizer) -> PreparedData:
@@ -170,7 +175,7 @@ class Training:
         window_tokens, window_start = 0, time.perf_counter()
         last_eval: dict | None = None
         batches = BatchStream(self.pairs, progress.step, progress.cursors, options, self.data, self.replace,
-                              ahead=self.placement.device.type == "cuda")
+                              ahead=self.placement.device.type == "cuda", fixed_shapes=self.cuda_graphs)
         try:
             while run_progress(progress, options) < 1.0:
                 step_start = time.perf_counter()
@@ -192,6 +197,12 @@ class Training:
                            "elapsed_s": round(progress.elapsed_s, 2), **values}
                     if self.placement.device.type == "cuda":
                         row["model_tflops"] = tokens_per_s * self.flops_per_token / 1e12
+                    if self.cuda_graphs:
+                        row["cuda_graph_skips"] = skipped = cuda_graph_skips()
+                        if skipped and not self.told_of_skips:
+                            self.told_of_skips = True
+                            log.warning("%d graph(s) of the compiled step run without CUDA graphs "
+                                        "(TORCH_LOGS=cudagraphs says why)", skipped)
                     self.files.log(row)
                     window_tokens, window_start = 0, time.perf_counter()
                     bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",

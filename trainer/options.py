@@ -87,6 +87,11 @@ class TrainOptions:
     seed: int = option(0, "Seed for weights, pairs, masks and dropout; CPU runs are reproducible.")
     device: str = option("auto", "auto (CUDA if available), cpu, cuda, or cuda:N.")
     compile: bool = option(False, "torch.compile the model (CUDA).")
+    cuda_graphs: bool = option(True, "With --compile on one CUDA device and --grad-accum 1: pad every batch to "
+                                     "--max-seq-len and its masked positions to a fixed number of slots a pair, so "
+                                     "that the step keeps one shape and replays as CUDA graphs (torch.compile's "
+                                     "reduce-overhead) instead of launching its kernels one by one. "
+                                     "--no-cuda-graphs: compiled for changing shapes, nothing padded.")
     precision: str = option("auto", "Compute precision of training steps: auto = bfloat16 autocast on GPUs and on CPUs "
                                     "that compute bfloat16 natively (AVX512-BF16, AMX), else float32. Weights, optimizer "
                                     "state, losses and evaluation stay float32.", choices=["auto", "float32", "bfloat16"])

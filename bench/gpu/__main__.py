@@ -166,6 +166,14 @@ def training_profile_lines(profile: dict | None) -> list[str]:
                 f"{k['ms_per_step']:.2f} {k['name'][:50]}" for k in profile["top_kernels"][:8]) + " |"]
 
 
+def training_line(run: dict) -> str:
+    flags = " ".join(run["flags"][:3] + [flag for flag in run["flags"][3:] if flag == "--no-cuda-graphs"])
+    graphs = "" if "cuda_graph_skips" not in run else \
+        "; CUDA graphs replayed" if not run["cuda_graph_skips"] else f"; {run['cuda_graph_skips']} graph(s) not replayed"
+    return (f"{run['tokens_per_s']:,.0f} tokens/s, {run['model_tflops']:.2f} TFLOP/s, MFU {run['mfu_vs_measured_peak']:.1%}"
+            f" of the measured peak (hidden {run['hidden']}, {run['layers']} layers, batch {run['batch']}, {flags}){graphs}")
+
+
 def markdown(summary: dict) -> str:
     env, tests = summary["environment"], summary.get("gpu_tests")
     lines = [f"# GPU path check ({'dry run on CPU' if summary['dry_run'] else env.get('gpu', env['device'])})", "",
@@ -184,9 +192,7 @@ def markdown(summary: dict) -> str:
         lines.append(f"| measured matmul peak | {summary['matmul_peak_tflops']:.1f} TFLOP/s |")
     for name, run in summary.get("training", {}).items():
         lines.append(f"| training ({name}) | " + (f"failed: {run['error'][-300:]!r}" if "error" in run else
-                     f"{run['tokens_per_s']:,.0f} tokens/s, {run['model_tflops']:.2f} TFLOP/s, MFU "
-                     f"{run['mfu_vs_measured_peak']:.1%} of the measured peak (hidden {run['hidden']}, "
-                     f"{run['layers']} layers, batch {run['batch']}, {' '.join(run['flags'][:3])})") + " |")
+                                                  training_line(run)) + " |")
     lines += training_profile_lines(summary.get("training_profile"))
     recipe = summary.get("training", {}).get("train-default", {})
     if "recipe_hours_here" in recipe:

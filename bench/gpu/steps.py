@@ -230,9 +230,11 @@ def training(device: str, work: Path, dry_run: bool, peak: float, base: Path) ->
     corpus, held_out = training_corpora(work, dry_run)
     gpu = device.startswith("cuda")
     seq_len = 64 if dry_run else 128
+    base_flags = ["--precision", "bfloat16" if gpu else "float32"] + (["--compile"] if gpu else [])
     runs = {  # name: (checkpoint warm-started from, steps, batch, flags)
-        "bert-base": (base, 2 if dry_run else 80, 8 if dry_run else 256,
-                      ["--precision", "bfloat16" if gpu else "float32"] + (["--compile"] if gpu else [])),
+        "bert-base": (base, 2 if dry_run else 80, 8 if dry_run else 256, base_flags),
+        # the same step compiled for changing shapes, launched kernel by kernel: what the CUDA graphs gain
+        "bert-base-no-graphs": (base, 2 if dry_run else 40, 8 if dry_run else 256, base_flags + ["--no-cuda-graphs"]),
         "train-default": (DEFAULT_CHECKPOINT, 2 if dry_run else 100, 8 if dry_run else 32,
                           ["--preserve-embeddings", "100", "--preserve-over", "clean", "--encoder-lr-scale", "0.1",
                            "--dropout", "0", "--mask-rate", "0.2", "--lr", "6e-4", "--warmup-fraction", "0.02"]),
@@ -251,14 +253,17 @@ def training(device: str, work: Path, dry_run: bool, peak: float, base: Path) ->
             results[name] = {"error": result.stderr[-1500:]}
             continue
         rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-        speeds = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+        timed = [r for r in rows if "tokens_per_s" in r]
+        speeds = [r["tokens_per_s"] for r in timed]
         speeds = speeds[len(speeds) // 3:] or speeds  # past compilation and warm-up
         tokens_per_s = sum(speeds) / max(len(speeds), 1)
         config = load_checkpoint(start).model.config
         model_tflops = tokens_per_s * 3 * model_flops_per_token(config, seq_len, 0.15) / 1e12
         results[name] = {"tokens_per_s": round(tokens_per_s, 1), "model_tflops": round(model_tflops, 3),
                          "mfu_vs_measured_peak": round(model_tflops / peak, 4), "steps": steps, "batch": batch,
-                         "hidden": config.hidden_size, "layers": config.num_hidden_layers, "flags": flags}
+                         "hidden": config.hidden_size, "layers": config.num_hidden_layers, "flags": flags,
+                         # present where the step was to replay as CUDA graphs: graphs inductor ran without them
+                         **{key: value for key, value in timed[-1].items() if key == "cuda_graph_skips"}}
     recipe = results.get("train-default", {})
     if "tokens_per_s" in recipe:  # the bundled model's own training: tokens it saw over this rate
         progress = json.loads((DEFAULT_CHECKPOINT / "training_metadata.json").read_text())["progress"]

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = training.progress
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     batches = BatchStream(training.pairs, progress.step, progress.cursors, options, training.data, training.replace,
-                          ahead=cuda)
+                          ahead=cuda, fixed_shapes=training.cuda_graphs)
 
     def one_step() -> tuple[float, float, int]:
         """(host seconds taking the batch, host seconds dispatching the step, real tokens)."""
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                   key=lambda e: -e[1])
     result = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu", "batch": batch_size, "seq_len": seq_len,
-        "compiled": options.compile, "warm_up_s": round(warm_up_s, 1), "timed_steps": timed_steps,
+        "compiled": options.compile, "cuda_graphs": training.cuda_graphs, "warm_up_s": round(warm_up_s, 1),
+        "timed_steps": timed_steps,
         "wall_ms_per_step": round(wall_ms, 2),
         "host_batch_ms": round(sum(s[0] for s in steps) * 1e3 / timed_steps, 2),
         "host_dispatch_ms": round(sum(s[1] for s in steps) * 1e3 / timed_steps, 2),

@@ -48,12 +48,16 @@ class Row:
     server_cores_busy: float  # CPU seconds of the server per second of wall time
     p50_ms: float
     p99_ms: float
+    # With --workers >= 1, the HTTP front ends' share alone: on a GPU host what bounds the sentences/s they can feed
+    # the device (the engine's own CPU there is spent launching work, not on a CPU model); None with one process.
+    frontend_cpu_ms_per_sentence: float | None = None
 
 
-def nearly_free_checkpoint(directory: Path) -> Path:
-    """The bundled tokenizer over a 1-layer, 32-wide encoder: its forward costs next to nothing."""
+def nearly_free_checkpoint(directory: Path, hidden: int = 32) -> Path:
+    """The bundled tokenizer over a 1-layer encoder `hidden` wide: at 32 its forward costs next to nothing; at 384,
+    the bundled model's width, the responses weigh what the bundled model's do."""
     tokenizer = WordPieceTokenizer.load(DEFAULT_CHECKPOINT)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=512)
     save_checkpoint(directory, BertForPreTraining(config).eval(), tokenizer, metadata={"note": "random weights"})
     return directory
@@ -77,6 +81,18 @@ def process_tree(root: int) -> list[int]:
     return found
 
 
+def front_ends(pids: list[int]) -> set[int]:
+    """Which of `pids` are HTTP front-end workers (docs/processes.md)."""
+    found = set()
+    for pid in pids:
+        try:
+            if b"service.frontend.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
 def cpu_seconds(pids: list[int]) -> dict[int, float]:
     """User + system CPU seconds of each live process."""
     out = {}
@@ -96,12 +112,16 @@ def measure(url: str, root: int, texts: list[str], concurrency: int, per_request
     before = cpu_seconds(process_tree(root))
     latencies, sentences_sent, _, wall = drive_processes(url, texts, concurrency, seconds, counts, "embed",
                                                          per_request, client_processes)
-    after = cpu_seconds(process_tree(root))
+    pids = process_tree(root)
+    after = cpu_seconds(pids)
     used = sum(after[pid] - before.get(pid, 0.0) for pid in after)  # a process that ended took its share along
+    http = front_ends(pids)
+    by_front_ends = sum(after[pid] - before.get(pid, 0.0) for pid in after if pid in http)
     latencies.sort()
     return Row(workers, per_request, concurrency, len(latencies) / wall, 1000 * used / len(latencies),
                1000 * used / sentences_sent, used / wall, 1000 * latencies[len(latencies) // 2],
-               1000 * latencies[int(len(latencies) * 0.99)])
+               1000 * latencies[int(len(latencies) * 0.99)],
+               1000 * by_front_ends / sentences_sent if http else None)
 
 
 def table(rows: list[Row], rounds: int) -> str:
@@ -111,14 +131,16 @@ def table(rows: list[Row], rounds: int) -> str:
     for row in rows:
         runs.setdefault((row.workers, row.inputs_per_request), []).append(row)
     ranged = rounds > 1
-    lines = ["| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | cores busy | p50 ms "
-             "| p99 ms |" + (" ms/request, range | ms/sentence, range |" if ranged else ""),
-             "|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if ranged else "")]
+    lines = ["| workers | sentences/request | requests/s | server CPU ms/request | ms/sentence | front ends ms/sentence "
+             "| cores busy | p50 ms | p99 ms |" + (" ms/request, range | ms/sentence, range |" if ranged else ""),
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if ranged else "")]
     for group in runs.values():
         group.sort(key=lambda r: r.server_cpu_ms_per_request)
         r = group[(len(group) - 1) // 2]
+        http = "–" if r.frontend_cpu_ms_per_sentence is None else f"{r.frontend_cpu_ms_per_sentence:.3f}"
         line = (f"| {r.workers} | {r.inputs_per_request} | {r.requests_per_s:,.0f} | {r.server_cpu_ms_per_request:.2f} "
-                f"| {r.server_cpu_ms_per_sentence:.3f} | {r.server_cores_busy:.2f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} |")
+                f"| {r.server_cpu_ms_per_sentence:.3f} | {http} | {r.server_cores_busy:.2f} | {r.p50_ms:.1f} "
+                f"| {r.p99_ms:.1f} |")
         if ranged:
             line += (f" {group[0].server_cpu_ms_per_request:.2f}-{group[-1].server_cpu_ms_per_request:.2f} | "
                      f"{group[0].server_cpu_ms_per_sentence:.3f}-{group[-1].server_cpu_ms_per_sentence:.3f} |")
@@ -143,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-processes", type=int, default=2, help="load-generator processes")
     parser.add_argument("--no-floor", action="store_true", help="leave out bare uvicorn (the HTTP floor)")
     parser.add_argument("--rounds", type=int, default=1, help="measure every row this many times, in turns")
+    parser.add_argument("--hidden", type=int, default=32,
+                        help="the encoder's width, what /embed returns a sentence (384: the bundled model's)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="more flags for the service")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="server-cpu-"))
     try:
-        checkpoint = nearly_free_checkpoint(work / "nearly-free")
+        checkpoint = nearly_free_checkpoint(work / "nearly-free", args.hidden)
         texts = sentences(2000, None, None)
         rows = []
         for _ in range(args.rounds):
@@ -168,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.concurrency} clients in "
           f"{args.client_processes} processes sharing the machine with the server; server CPU counted over all its "
-          "processes\n")
+          f"processes; a 1-layer encoder {args.hidden} wide\n")
     print(table(rows, args.rounds))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))

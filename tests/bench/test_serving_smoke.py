@@ -108,8 +108,10 @@ def test_server_cpu_reports_the_median_round_and_the_range():
 
     rows = [Row(0, 8, 64, 1000.0 + i, ms, ms / 8, 1.0, 50.0, 90.0) for i, ms in enumerate((1.6, 1.2, 1.4))]
     rows.append(Row("floor", 8, 64, 9000.0, 0.05, 0.006, 0.9, 3.0, 8.0))
+    rows.append(Row(2, 8, 64, 2000.0, 1.0, 0.125, 1.5, 30.0, 60.0, frontend_cpu_ms_per_sentence=0.0625))
     lines = table(rows, rounds=3).splitlines()
-    assert len(lines) == 4 and lines[0].endswith("ms/request, range | ms/sentence, range |")
-    assert lines[2].startswith("| 0 | 8 | 1,002 | 1.40 | 0.175 |") and lines[2].endswith("| 1.20-1.60 | 0.150-0.200 |")
+    assert len(lines) == 5 and lines[0].endswith("ms/request, range | ms/sentence, range |")
+    assert lines[2].startswith("| 0 | 8 | 1,002 | 1.40 | 0.175 | – |") and lines[2].endswith("| 1.20-1.60 | 0.150-0.200 |")
     assert lines[3].startswith("| floor | 8 | 9,000 | 0.05 |")
+    assert lines[4].startswith("| 2 | 8 | 2,000 | 1.00 | 0.125 | 0.062 |")  # the front ends' share, apart
     assert "range" not in table(rows[:1], rounds=1)

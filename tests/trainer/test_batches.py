@@ -4,6 +4,7 @@ the batches, masks and data cursors are those of calling training_batch step aft
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ from trainer.batches import BatchStream, training_batch
 from trainer.cli import build_parser
 from trainer.data import prepare
 from trainer.examples import TrainingPairs
-from trainer.masking import replaceable_ids
+from trainer.masking import NO_LABEL, replaceable_ids, slots_per_row
 from trainer.options import TrainOptions
 from trainer.state import Progress
 from tests.trainer.conftest import tiny_run_args
@@ -78,8 +79,8 @@ def test_a_run_with_batches_built_ahead_is_the_same_run(small_corpus, small_eval
     rows = {}
     for ahead in (False, True):
         class Forced(BatchStream):
-            def __init__(self, *args, ahead: bool = False, forced: bool = ahead):
-                super().__init__(*args, ahead=forced)
+            def __init__(self, *args, ahead: bool = False, forced: bool = ahead, **kwargs):
+                super().__init__(*args, ahead=forced, **kwargs)
 
         monkeypatch.setattr(loop, "BatchStream", Forced)
         output = tmp_path / f"ahead-{ahead}"
@@ -89,3 +90,45 @@ def test_a_run_with_batches_built_ahead_is_the_same_run(small_corpus, small_eval
         rows[ahead] = [{k: v for k, v in json.loads(line).items() if k not in timing}
                        for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert len(rows[False]) >= 3 and rows[True] == rows[False]
+
+
+def test_fixed_shapes_are_the_same_batch_padded_with_its_masks_in_slots(setting):
+    """What a step replayed as CUDA graphs is given: the pairs and masks of the step as it would be, padded to
+    --max-seq-len, each row's masked positions and their labels in `slots_per_row` places, spare ones on [CLS]."""
+    options, data, pairs, replace = setting
+    # Pairs built to 48 tokens, steps of 64: every row is padded, and the padding is exercised
+    options = dataclasses.replace(options, max_seq_len=64)
+    slots = slots_per_row(options.max_seq_len, options.mask_rate)
+    for step in range(3):
+        cursors = pairs.initial_cursors()
+        batch, masked = training_batch(pairs, Progress(step=step, cursors=copy.deepcopy(cursors)), options, data, replace)
+        fixed_batch, fixed = training_batch(pairs, Progress(step=step, cursors=copy.deepcopy(cursors)), options, data,
+                                            replace, fixed_shapes=True)
+        rows, width = batch.input_ids.shape
+        assert fixed_batch.input_ids.shape == fixed.input_ids.shape == (rows, options.max_seq_len)
+        for name in ("input_ids", "token_type_ids", "attention_mask", "special_mask"):
+            assert torch.equal(getattr(fixed_batch, name)[:, :width], getattr(batch, name)), name
+        assert fixed_batch.num_real_tokens == batch.num_real_tokens and torch.equal(fixed_batch.nsp_labels,
+                                                                                     batch.nsp_labels)
+        assert not fixed_batch.attention_mask[:, width:].any() and fixed_batch.special_mask[:, width:].all()
+        assert torch.equal(fixed.input_ids[:, :width], masked.input_ids) and not fixed.positions[:, width:].any()
+        assert torch.equal(fixed.labels, masked.labels)
+        assert fixed.slots.shape == fixed.slot_labels.shape == (rows, slots)
+        filled = fixed.slot_labels != NO_LABEL
+        assert torch.equal(filled.sum(1), masked.positions.sum(1))
+        assert torch.equal(fixed.slots[filled], masked.positions.nonzero()[:, 1])  # row-major, as `labels`
+        assert torch.equal(fixed.slot_labels[filled], masked.labels) and (fixed.slots[~filled] == 0).all()
+        assert masked.slots is None
+
+
+def test_the_worker_process_hands_over_fixed_shapes(setting):
+    options, data, pairs, replace = setting
+    progress = Progress(step=0, cursors=pairs.initial_cursors())
+    _, expected = training_batch(pairs, progress, options, data, replace, fixed_shapes=True)
+    stream = BatchStream(pairs, 0, pairs.initial_cursors(), options, data, replace, ahead=True, fixed_shapes=True)
+    try:
+        taken = stream.next(0)
+    finally:
+        stream.close()
+    assert torch.equal(taken.masked.slots, expected.slots) and torch.equal(taken.masked.slot_labels,
+                                                                          expected.slot_labels)

@@ -7,7 +7,7 @@ import torch
 
 from trainer.corpus import read_documents
 from trainer.examples import build_pairs, collate
-from trainer.masking import mask_tokens, replaceable_ids
+from trainer.masking import mask_tokens, replaceable_ids, slots_per_row
 from trainer.tokens import TokenizedCorpus
 
 
@@ -33,6 +33,21 @@ def test_masking_rate_split_and_specials(tokenizer):
     assert abs(randomised - 0.10) < 0.02
     assert not torch.isin(new, torch.tensor(sorted(tokenizer.special_ids - {tokenizer.mask_id}))).any()
     assert torch.equal(masked.input_ids[~masked.positions], ids[~masked.positions])
+
+
+def test_slots_per_row_is_the_most_masking_ever_chooses(tokenizer):
+    """A step of fixed shapes has `slots_per_row` places for a pair's masked positions: never too few (a row would
+    not fit), and no more than the fullest pair needs (each spare slot costs the MLM head a row)."""
+    replace = replaceable_ids(tokenizer, tokenizer.vocab_size)
+    for width in (8, 48, 128, 512):
+        for rate in (0.15, 0.2, 0.5, 0.99):
+            ids = torch.randint(5, tokenizer.vocab_size, (64, width))
+            special = torch.zeros_like(ids, dtype=torch.bool)
+            special[:, 0] = special[:, width // 2] = special[:, -1] = True  # [CLS] A [SEP] B [SEP], nothing padded
+            ends = width - torch.arange(64) % (width - 3)  # row 0 full, the others padded from `ends` on
+            special |= torch.arange(width)[None, :] >= ends[:, None]
+            masked = mask_tokens(ids, special, torch.Generator().manual_seed(width), tokenizer.mask_id, replace, rate)
+            assert int(masked.positions.sum(1).max()) == slots_per_row(width, rate), (width, rate)
 
 
 def test_masks_are_redrawn_each_time(tokenizer):

@@ -200,6 +200,25 @@ def test_two_process_torchrun_matches_single_process(tmp_path, small_corpus, sma
         torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=2e-5, msg=name)
 
 
+def test_the_fixed_shape_step_trains_as_the_step_at_each_batchs_shape(tmp_path, small_corpus, small_eval_corpus,
+                                                                      shared_cache, monkeypatch):
+    """The loop with the step a CUDA graph replays (`--cuda-graphs`: batches padded to --max-seq-len, masks in fixed
+    slots), run eagerly on this CPU (no CUDA graphs here): the same losses step after step and the same weights."""
+    common = {"--max-steps": 6, "--dropout": 0.0, "--save-every": 100, "--precision": "float32"}
+    assert main(tiny_run_args(small_corpus, small_eval_corpus, tmp_path / "as-is", shared_cache, **common)) == 0
+    monkeypatch.setattr("trainer.loop.replays_cuda_graphs", lambda options, placement: True)
+    assert main(tiny_run_args(small_corpus, small_eval_corpus, tmp_path / "fixed", shared_cache, **common)) == 0
+    runs = [[json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+            for run in ("as-is", "fixed")]
+    losses = [[(r["mlm_loss"], r["nsp_loss"], r["mlm_accuracy"]) for r in rows if "loss" in r] for rows in runs]
+    assert len(losses[0]) == 3
+    for as_is, fixed in zip(*losses):
+        assert fixed == pytest.approx(as_is, rel=1e-4, abs=1e-6)
+    one, two = weights(tmp_path / "as-is"), weights(tmp_path / "fixed")
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=1e-4, atol=2e-5, msg=name)
+
+
 @pytest.mark.parametrize(
     "corpus_text, message",
     [(None, "no such file or directory"), ("", "no text found"), ("just one document with one sentence.", "only 1 document(s)")],

@@ -1,0 +1,66 @@
+"""The trainer's step replayed as CUDA graphs (`--compile --cuda-graphs`, trainer.step.compile_step) on the GPU, with
+inductor as the trainer compiles it: inductor keeps every graph of the step as a CUDA graph, batches of different
+lengths and masks in fixed slots compile once, losses and gradients are the eager step's, and dropout draws anew
+at each replay (a graph replaying one frozen mask would still train, silently worse). Skipped without CUDA; the
+same step is checked eagerly and with `aot_eager` on the CPU in tests/trainer/test_compile.py."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from model import BertConfig, BertForPreTraining
+from tests.trainer.test_compile import batch, in_fixed_slots
+from trainer.step import PreTrainingStep, compile_step, cuda_graph_skips
+
+DEVICE = torch.device(os.environ.get("BERT_TEST_DEVICE", "cuda"))
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(DEVICE.type != "cuda" or not torch.cuda.is_available(), reason="CUDA graphs need CUDA"),
+]
+CONFIG = dict(vocab_size=500, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+WIDTH, SLOTS = 48, 12
+
+
+def on_device(inputs, slots):
+    return tuple(t.to(DEVICE) for t in inputs), slots.to(DEVICE)
+
+
+def replay(step, inputs, slots) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    torch.compiler.cudagraph_mark_step_begin()
+    step.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        mlm_sum, nsp_sum, mlm_correct, nsp_correct, _ = step(*inputs, None, True, slots)
+    (mlm_sum + nsp_sum).backward()
+    # read before the next replay overwrites the graphs' memory
+    return ([t.detach().float().clone() for t in (mlm_sum, nsp_sum, mlm_correct, nsp_correct)],
+            [p.grad.float().clone() for p in step.parameters()])
+
+
+def test_the_step_replays_as_cuda_graphs_and_computes_what_the_eager_step_does():
+    torch.manual_seed(0)
+    eager = PreTrainingStep(BertForPreTraining(BertConfig(**CONFIG, hidden_dropout_prob=0.0,
+                                                          attention_probs_dropout_prob=0.0)).train().to(DEVICE))
+    compiled = compile_step(copy.deepcopy(eager), cuda_graphs=True)
+    skips_before, graphs_before = cuda_graph_skips(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for seed, (rows, width, padded) in enumerate([(8, 24, True), (8, 40, False), (8, 33, True), (8, 24, True)]):
+        inputs, slots = on_device(*in_fixed_slots(batch(rows, width, padded, seed), WIDTH, SLOTS))
+        (sums, grads), (sums_g, grads_g) = replay(eager, inputs, slots), replay(compiled, inputs, slots)
+        for value, value_g in zip(sums[:2], sums_g[:2]):  # bfloat16 products of different kernels
+            torch.testing.assert_close(value_g, value, rtol=3e-2, atol=1e-2)
+        for grad, grad_g in zip(grads, grads_g):
+            assert torch.nn.functional.cosine_similarity(grad.flatten(), grad_g.flatten(), dim=0) > 0.99
+    assert cuda_graph_skips() == skips_before, "inductor ran part of the step without CUDA graphs"
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs_before + 1  # compiled once for all
+
+
+def test_dropout_draws_anew_at_each_replay():
+    torch.manual_seed(0)
+    step = compile_step(PreTrainingStep(BertForPreTraining(BertConfig(**CONFIG)).train().to(DEVICE)),
+                        cuda_graphs=True)
+    inputs, slots = on_device(*in_fixed_slots(batch(8, 40, True, seed=3), WIDTH, SLOTS))
+    losses = [replay(step, inputs, slots)[0][0] for _ in range(5)]  # warm-up, recording, then replays
+    assert len({float(loss) for loss in losses[2:]}) == 3, losses
