@@ -39,6 +39,8 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         run = summary["training"][name]
         assert run["tokens_per_s"] > 0 and 0 < run["mfu_vs_measured_peak"], run
     assert summary["training"]["train-default"]["recipe_hours_here"] > 0
+    without_graphs = summary["training_no_graphs"]["bert-base-no-graphs"]
+    assert without_graphs["tokens_per_s"] > 0 and "--no-cuda-graphs" in without_graphs["flags"], without_graphs
     assert summary["environment"]["device"] == "cpu" and summary["matmul_peak_tflops"] > 0
     profile = summary["training_profile"]
     assert profile["wall_ms_per_step"] > 0 and profile["tokens_per_s"] > 0 and profile["top_kernels"], profile
@@ -48,7 +50,8 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
             assert row["batch_ms"] > 0 and row["engine_busy"] > 0 and row["queue_ms"] >= 0, row
     report = (tmp_path / "gpu-summary.md").read_text()
     for line in ("GPU-marked tests", "bundled model: limit (in-process)", "BERT-base shape: ", "load generator",
-                 "training (bert-base)", "make train-default", "training profile", "engine.run",
+                 "training (bert-base)", "training (bert-base-no-graphs)", "make train-default", "training profile",
+                 "engine.run",
                  "in-process sequences/s by batch size"):
         assert line in report, line
 
