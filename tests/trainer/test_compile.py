@@ -16,7 +16,7 @@ import torch
 from model import BertConfig, BertForPreTraining
 from trainer.examples import pad_columns
 from trainer.masking import MaskedBatch, in_slots
-from trainer.step import PreTrainingStep, compile_step, trace_whole
+from trainer.step import PreTrainingStep, compile_step, replays_cuda_graphs, trace_whole
 
 CONFIG = BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -128,3 +128,18 @@ def test_the_cuda_graph_step_compiles_once_for_every_batch():
         inputs, slots = in_fixed_slots(batch(rows, width, padded, seed), width=48, slots=12)
         run_step(step, inputs, None, True, slots)
     assert len(graphs) == 1
+
+
+def test_cuda_graphs_only_where_they_were_tried():
+    """--compile --cuda-graphs replays the step as CUDA graphs with one process on a CUDA device and one micro-batch a
+    step; otherwise (a CPU, torchrun, --grad-accum, --no-cuda-graphs, no --compile) it is compiled, or not, as before."""
+    from trainer.options import TrainOptions
+    from trainer.placement import Placement
+
+    def graphs(world=1, device="cuda", **flags) -> bool:
+        options = TrainOptions(**{"corpus": ["c.txt"], "output": "out", "compile": True, **flags})
+        return replays_cuda_graphs(options, Placement(0, world, torch.device(device)))
+
+    assert graphs()
+    assert not graphs(device="cpu") and not graphs(world=2) and not graphs(grad_accum=2)
+    assert not graphs(cuda_graphs=False) and not graphs(compile=False)
