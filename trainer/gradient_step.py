@@ -66,7 +66,8 @@ class GradientStep:
         # Summed on the device: reading a value back each micro-batch made the host wait for the device four
         # times a micro-batch, and the device then idled while the host queued the next work.
         sums = torch.zeros(len(_SUMS), device=device)
-        label_offsets = torch.cumsum(masked.positions.sum(dim=1), 0)
+        # where each row's labels end in the row-major `labels` (a fixed-shape batch has them in its rows' slots)
+        label_offsets = None if fixed else torch.cumsum(masked.positions.sum(dim=1), 0)
         for index in range(options.grad_accum):
             lo = rank * per_rank + index * micro
             hi = lo + micro
