@@ -20,8 +20,11 @@ from service.settings import DEFAULT_CHECKPOINT
 
 # What the service is measured at (issue #37): clients x sentences per request.
 LOADS = ("16x8", "64x8", "64x1")
-SYSTEMS = ("service", "service:float32", "naive")  # the service in dtype auto and float32; the transformers peer
-EAGER = "service::--no-cuda-graphs"  # the bundled model's service without CUDA graphs: what they gain, in the same run
+# The service in dtype auto and float32; the transformers peer at the load its comparison uses (one forward per
+# request: its other loads say nothing new, and its 64-client rows wait seconds for their last answers).
+SYSTEMS = ("service", "service:float32", "naive@64x8")
+# The bundled model's service without CUDA graphs, where batches are many and small: what the graphs gain, same run.
+EAGER = "service::--no-cuda-graphs@64x8,64x1"
 
 
 def base_checkpoint(work: Path, dry_run: bool) -> Path:
@@ -67,7 +70,7 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
             "service_args": service_args or "(none: the service's default --workers)", "notes": notes}
 
 
-LOAD_START_S = 4.0  # the load generator's processes start and warm up before py-spy records
+LOAD_START_S = 2.0  # the load generator's processes start (each imports little) before py-spy records
 
 
 PY_SPY_RATE = 100  # samples per second per thread

@@ -2,8 +2,8 @@
 
 One process's event loop tops out at a few thousand requests/s, below what several front-end processes
 serve on a GPU host: `drive_processes` runs `python -m bench.serving.load` children, each an asyncio loop
-with its share of the clients, starting together, and merges what they measured. This module imports no
-torch, so that a child starts in a fraction of a second.
+with its share of the clients, starting together once every child is ready, and merges what they measured.
+This module imports no torch, so that a child starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ def drive_processes(url: str, texts: list[str], concurrency: int, duration: floa
         job = Path(scratch) / "job.json"
         job.write_text(json.dumps({"url": url, "texts": texts, "token_counts": token_counts, "request": request,
                                    "inputs_per_request": inputs_per_request, "duration": duration,
-                                   "concurrency": concurrency, "start_at": time.time() + 1.0 + 0.1 * processes}))
+                                   "concurrency": concurrency}))
         children = [subprocess.Popen([sys.executable, "-m", "bench.serving.load", str(job), str(k), str(processes)])
                     for k in range(processes)]
+        _start_together(job, children)
         for child in children:
             child.wait(timeout=duration + 120)
         if any(child.returncode for child in children):
@@ -103,6 +104,40 @@ def drive_processes(url: str, texts: list[str], concurrency: int, duration: floa
         parts = [json.loads(result_path(job, k).read_text()) for k in range(processes)]
     return ([latency for part in parts for latency in part["latencies"]], sum(p["sequences"] for p in parts),
             sum(p["tokens"] for p in parts), max(p["seconds"] for p in parts))
+
+
+READY_TIMEOUT_S = 60.0  # a child's start: an interpreter and this module's imports
+POLL_S = 0.002
+
+
+def _start_together(job: Path, children: list[subprocess.Popen]) -> None:
+    """Wait until every child has said it is ready (imports done), then tell them all one start time. A fixed
+    head start instead cost every row of a benchmark ~2 s of waiting, and still had to guess how long eight
+    interpreters take to start on a busy host."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not all(ready_path(job, k).exists() for k in range(len(children))):
+        if any(child.poll() is not None for child in children):
+            break  # one died before starting: its exit code is reported by the caller
+        if time.monotonic() > deadline:
+            for child in children:
+                child.kill()
+            raise RuntimeError(f"the load-generator processes were not ready within {READY_TIMEOUT_S:.0f} s")
+        time.sleep(POLL_S)
+    go = job.with_name("go.tmp")
+    go.write_text(json.dumps({"start_at": time.time() + 0.01}))
+    go.replace(job.with_name("go.json"))  # whole or absent: a child never reads half of it
+
+
+def _wait_for_start(job: Path, index: int) -> None:
+    ready_path(job, index).touch()
+    go = job.with_name("go.json")
+    while not go.exists():
+        time.sleep(POLL_S)
+    time.sleep(max(0.0, json.loads(go.read_text())["start_at"] - time.time()))
+
+
+def ready_path(job: Path, index: int) -> Path:
+    return job.with_name(f"ready-{index}")
 
 
 def run_loop(main):
@@ -124,7 +159,7 @@ def _child(job_path: str, index: int, processes: int) -> None:
     """One child of `drive_processes`: clients index, index + processes, ... of the job; JSON to result_path."""
     job = json.loads(Path(job_path).read_text())
     mine = len(range(index, job["concurrency"], processes))
-    time.sleep(max(0.0, job["start_at"] - time.time()))  # every child starts at once
+    _wait_for_start(Path(job_path), index)  # every child starts at once
 
     async def clients():
         # client k of this child is client index + k * processes overall; `stride` spreads the inputs

@@ -1,13 +1,16 @@
 """Where the server's CPU per request goes, each part measured alone on one thread of this process: the
 HTTP front end (over an engine that answers at once), the tokenizer inside it, and the engine (batch
-selection, collation and the forward pass of the nearly free model on pre-tokenized WikiText batches).
+selection, collation, the forward pass of the nearly free model on pre-tokenized WikiText batches, and the
+replies). On a GPU the forward is one CUDA graph replay, so the engine's other parts, per input, are what its
+process can feed the device at most; batches of 256 are a GPU's (`--hidden 384` answers as wide as the bundled
+model's).
 
 `bench.serving.server_cpu` measures the sum under load, where 64 clients, the server's threads and the
 load generator share the cores; that figure moves ±15% from run to run on a shared 2-core host. Alone,
 each part repeats within a few percent, so this is the benchmark that can show a change of 10 µs; the sum
 of its parts is what the server would cost with no contention at all.
 
-    python -m bench.serving.request_cost
+    python -m bench.serving.request_cost [--hidden 384]
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from service.engine.precision import choose
 from service.frontend.app import create_http_app
 from service.frontend.fast_routes import DirectEntry
 from service.frontend.runtime import Runtime
-from service.messages import ModelFacts
+from service.messages import Done, ModelFacts, encode
 from service.metrics import Metrics
 from service.settings import Settings
 from service.tasks import EncodeItem, PooledVector
@@ -160,9 +163,12 @@ def tokenizer_us(checkpoint, texts: list[str], per_request: int, rounds: int = 3
     return best
 
 
-def engine_us_per_input(checkpoint, texts: list[str], batch: int) -> tuple[float, float]:
-    """(selection + collation µs, forward + results µs) per input, batches of `batch` similar-length inputs
-    chosen from a queue of 512 as the packer chooses them."""
+def engine_us_per_input(checkpoint, texts: list[str], batch: int, per_request: int = 8
+                        ) -> tuple[float, float, float]:
+    """(selection + collation, forward + results, replies) CPU µs per input, batches of `batch` similar-length
+    inputs chosen from a queue of 512 as the packer chooses them; replies: the results sent back as the engine
+    process sends them (one Done message per request of `per_request` inputs, msgpack-encoded). On a GPU the
+    forward is one graph replay and the rest is the engine process's host work per input."""
     cpu = torch.device("cpu")
     engine = build_engine(checkpoint, cpu, choose("float32", cpu))  # as the service builds it
     items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True)
@@ -175,29 +181,35 @@ def engine_us_per_input(checkpoint, texts: list[str], batch: int) -> tuple[float
     chosen = [choose_batch(queue, policy, flops) for _ in range(3)]
     for entries in chosen:
         engine.run(engine.collate([e.item for e in entries]))  # warm-up
-    count, selecting, computing = 0, 0.0, 0.0
+    count, selecting, computing, replying = 0, 0.0, 0.0, 0.0
     for _ in range(20):
         started = time.process_time()
         entries = choose_batch(queue, policy, flops)
         prepared = engine.collate([e.item for e in entries])
         selected = time.process_time()
-        engine.run(prepared)
+        results = engine.run(prepared)
+        computed = time.process_time()
+        for request, first in enumerate(range(0, len(results), per_request)):
+            encode(Done(request, results[first : first + per_request]))
         selecting += selected - started
-        computing += time.process_time() - selected
+        computing += computed - selected
+        replying += time.process_time() - computed
         count += len(entries)
-    return 1e6 * selecting / count, 1e6 * computing / count
+    return 1e6 * selecting / count, 1e6 * computing / count, 1e6 * replying / count
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=600, help="requests per path and round (5 rounds)")
+    parser.add_argument("--hidden", type=int, default=32,
+                        help="the nearly free encoder's width, what a pooled answer carries (384: the bundled model's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as the server runs it (service.frontend.runtime)
     work = Path(tempfile.mkdtemp(prefix="request-cost-"))
     try:
-        directory = nearly_free_checkpoint(work / "nearly-free")
+        directory = nearly_free_checkpoint(work / "nearly-free", args.hidden)
         checkpoint = load_checkpoint(directory)
         texts = sentences(2000, None, None)
         rows = {}
@@ -207,14 +219,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows[f"front end, {per_request} sentence(s) a request, {how}"] = costs[path]
             rows[f"  the tokenizer's part of it, {per_request} sentence(s)"] = tokenizer_us(checkpoint, texts,
                                                                                             per_request)
-        for batch in (8, 32, 64):
-            selecting, computing = engine_us_per_input(checkpoint, texts, batch)
+        for batch in (8, 32, 64, 256):
+            selecting, computing, replying = engine_us_per_input(checkpoint, texts, batch)
             rows[f"engine per input, batches of {batch}: selection + collation"] = selecting
             rows[f"engine per input, batches of {batch}: forward + results"] = computing
+            rows[f"engine per input, batches of {batch}: replies (8 inputs a message)"] = replying
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, one thread, CPU time "
-          "(time.process_time); the nearly free model (bench.serving.server_cpu)\n")
+          f"(time.process_time); the nearly free model (bench.serving.server_cpu), {args.hidden} wide\n")
     print("| part | CPU µs |\n| --- | ---: |")
     for name, value in rows.items():
         print(f"| {name} | {value:,.1f} |")

@@ -100,12 +100,18 @@ def count_tokens(tokenizer, texts: list[str]) -> dict[str, int]:
     return {t: len(e.ids) for t, e in zip(texts, tokenizer.encode_batch(texts, truncate=True))}
 
 
+WARM_UP_CLIENTS = 8  # enough to reach every code path; more only adds the wait for a slow peer's answers
+
+
 def measure_http(system: str, url: str, texts, concurrency: int, duration: float, token_counts,
-                 request=encode_request, inputs_per_request: int = 1, client_processes: int = 1) -> Row:
-    """One row: `concurrency` closed-loop clients for `duration` seconds, after a short warm-up; with
-    `client_processes` > 1 (our own request shapes only), the clients run in that many processes."""
-    asyncio.run(drive(url, texts[:64], concurrency, min(2.0, duration / 3), token_counts, request,
-                      inputs_per_request))  # warm-up
+                 request=encode_request, inputs_per_request: int = 1, client_processes: int = 1,
+                 warm_up: bool = True) -> Row:
+    """One row: `concurrency` closed-loop clients for `duration` seconds, after a short warm-up (a server's
+    first row needs it; the next rows find it warm); with `client_processes` > 1 (our own request shapes
+    only), the clients run in that many processes."""
+    if warm_up:
+        asyncio.run(drive(url, texts[:64], min(concurrency, WARM_UP_CLIENTS), min(2.0, duration / 3), token_counts,
+                          request, inputs_per_request))
     before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
     named = {encode_request: "encode", live_request: "live"}.get(request)
     if client_processes > 1 and named:
@@ -253,6 +259,25 @@ def system_dtype(system: str) -> str:
     return (option.split(":")[0] or "auto") if name in ("service", "service-nobatch") else "auto"
 
 
+LOADS_PATTERN = re.compile(r"\d+x\d+(,\d+x\d+)*")
+
+
+def parse_load(text: str) -> tuple[int, int]:
+    """CONCURRENCYxINPUTS_PER_REQUEST -> (concurrency, inputs per request)."""
+    concurrency, inputs = (int(n) for n in text.lower().split("x"))
+    return concurrency, inputs
+
+
+def own_loads(system: str, loads: list[tuple[int, int]]) -> tuple[str, list[tuple[int, int]]]:
+    """(the system, the loads it is measured at): a system may name its own after '@' (naive@64x8,
+    service::--no-cuda-graphs@64x8,64x1), so that a slow peer or a side comparison is measured where it is
+    compared and no minutes go to rows nobody reads; otherwise every load."""
+    name, at, wanted = system.rpartition("@")
+    if at and LOADS_PATTERN.fullmatch(wanted.lower()):
+        return name, [parse_load(load) for load in wanted.split(",")]
+    return system, loads
+
+
 def server_command(system: str, checkpoint: Path, port: int, infinity: str | None, work: Path,
                    service_args: tuple[str, ...] = ()):
     """(the command that serves `checkpoint` on `port` as `system` (NAME or NAME:OPTION), how to ask it).
@@ -299,7 +324,9 @@ def main(argv=None) -> int:
                         help="inputs each request carries (default 1; bulk clients send several)")
     parser.add_argument("--systems", nargs="+", default=["service", "service-nobatch", "naive"],
                         help="service[:DTYPE], service-nobatch[:DTYPE], naive, infinity[:ENGINE-DTYPE] (for example "
-                             "service:int8, infinity:torch-float32, infinity:optimum-int8); see server_command")
+                             "service:int8, infinity:torch-float32, infinity:optimum-int8); see server_command. "
+                             "@LOADS after one measures it at only those (naive@64x8; LOADS as --load, "
+                             "comma-separated)")
     parser.add_argument("--infinity", default=shutil.which("infinity_emb"),
                         help="the infinity_emb command (pip install 'infinity-emb[server,torch]' in its own "
                              "environment); the infinity row runs when it is named in --systems")
@@ -317,8 +344,9 @@ def main(argv=None) -> int:
                         help="also measure the load generator's own ceiling: GET /live of the first server, "
                              "at the highest concurrency")
     args = parser.parse_args(argv)
-    loads = [tuple(int(n) for n in load.lower().split("x")) for load in args.load] if args.load else \
+    loads = [parse_load(load) for load in args.load] if args.load else \
         [(c, args.inputs_per_request) for c in args.concurrency]
+    plans = [own_loads(system, loads) for system in args.systems]
 
     from model import load_checkpoint
 
@@ -333,7 +361,7 @@ def main(argv=None) -> int:
     limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes)
     limit.inputs_per_request = 0  # no requests: the table shows a dash
     limits = {"auto": limit}
-    for dtype in dict.fromkeys(system_dtype(system) for system in args.systems):
+    for dtype in dict.fromkeys(system_dtype(system) for system, _ in plans):
         if dtype not in limits:  # the same engine in this dtype, for the rows that serve it
             limits[dtype] = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes, dtype)[0]
             limits[dtype].system, limits[dtype].inputs_per_request = f"limit (in-process, {dtype})", 0
@@ -345,16 +373,16 @@ def main(argv=None) -> int:
         print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
     rows = list(limits.values())
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
-    for index, system in enumerate(args.systems):
+    for index, (system, system_loads) in enumerate(plans):
         port = free_port()
         command, request = server_command(system, args.checkpoint, port, args.infinity, work,
                                           tuple(shlex.split(args.service_args)))
         url = f"http://127.0.0.1:{port}"
         process = start(command, url)
         try:
-            for concurrency, per_request in loads:
+            for number, (concurrency, per_request) in enumerate(system_loads):
                 row = measure_http(system, url, texts, concurrency, args.duration, token_counts,
-                                   request, per_request, args.client_processes)
+                                   request, per_request, args.client_processes, warm_up=number == 0)
                 row.vs_limit = row.sequences_per_s / limits[system_dtype(system)].sequences_per_s
                 rows.append(row)
                 print(f"  {system:16s} c={concurrency:<4d} x{per_request:<3d} {row.sequences_per_s:8.1f} seq/s  "

@@ -56,6 +56,36 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         assert line in report, line
 
 
+@pytest.mark.parametrize("budget_minutes, left_out", [(0.0, ["training_no_graphs"]), (60.0, [])])
+def test_steps_beside_the_asked_for_figures_wait_for_the_budget(budget_minutes, left_out, tmp_path, monkeypatch):
+    """The steps themselves are stand-ins here (the dry run above runs the real ones): what is tested is which run."""
+    from bench.gpu import __main__ as gpu_main
+    from bench.gpu import steps as gpu_steps
+
+    ran = []
+    monkeypatch.setattr(gpu_main, "gpu_tests", lambda device, work: ran.append("gpu_tests") or {
+        "tests": 1, "failures": 0, "errors": 0, "skipped": 0, "passed": 1, "seconds": 0.0, "exit_code": 0})
+    monkeypatch.setattr(gpu_main, "matmul_peak_tflops", lambda device, dry_run: 1.0)
+    monkeypatch.setattr(gpu_steps, "base_checkpoint", lambda work, dry_run: work)
+    monkeypatch.setattr(gpu_steps, "serving", lambda checkpoint, *a: ran.append("serving") or {
+        "rows": [], "client_processes": 2, "notes": []})
+    monkeypatch.setattr(gpu_steps, "py_spy_profile", lambda *a: ran.append("py_spy") or {"error": "stand-in"})
+    monkeypatch.setattr(gpu_steps, "kernel_profile", lambda *a: ran.append("kernels") or {"error": "stand-in"})
+    monkeypatch.setattr(gpu_steps, "training", lambda device, work, dry_run, peak, base, names=gpu_steps.TRAINING_RUNS:
+                        ran.append(names) or {})
+    monkeypatch.setattr(gpu_steps, "training_profile", lambda *a: ran.append("training_profile") or {"error": "stand-in"})
+    argv = ["--dry-run", "--out", str(tmp_path), "--budget-minutes", str(budget_minutes)]
+    assert gpu_main.main(argv) == 0
+    summary = json.loads((tmp_path / "gpu-summary.json").read_text())
+    assert summary.get("skipped", []) == left_out
+    assert (gpu_steps.WITHOUT_GRAPHS in ran) == (not left_out) and gpu_steps.TRAINING_RUNS in ran
+    assert "training_profile" in ran and ran.count("serving") == 2  # the figures asked for run whatever the clock
+    assert ("left out, to end within the budget" in (tmp_path / "gpu-summary.md").read_text()) == bool(left_out)
+    ran.clear()  # named with --steps, a step runs whatever the budget
+    assert gpu_main.main([*argv, "--steps", "training_no_graphs"]) == 0
+    assert ran == [gpu_steps.WITHOUT_GRAPHS]
+
+
 @pytest.mark.slow
 def test_gpu_check_on_a_venv_shaped_python(tmp_path):
     """A venv with only torch & co, `make gpu-wheels` (PyPI), then the dry run offline (devkit.gpu_venv_check)."""

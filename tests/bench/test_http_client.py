@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from bench.serving.http_client import Connection, HTTPError
-from bench.serving.load import drive, live_request
+from bench.serving.load import drive, drive_processes, live_request
 
 
 async def echo(request: Request) -> JSONResponse:
@@ -107,6 +107,16 @@ def test_the_load_generator_stops_at_the_first_error(url):
         asyncio.run(drive(url, ["a"], 2, 1.0, {"a": 1}, refused_request))
     latencies, sequences, _, _ = asyncio.run(drive(url, ["a"], 2, 0.3, {"a": 1}, live_request))
     assert latencies and sequences == 0  # GET /live carries no inputs
+
+
+def test_the_clients_of_several_processes_are_counted_together(url):
+    latencies, sequences, _, seconds = drive_processes(url, ["a"], 3, 0.3, {"a": 1}, "live", 0, processes=2)
+    assert len(latencies) >= 3 and sequences == 0 and seconds >= 0.3  # every client answered at least once
+
+
+def test_a_load_process_that_fails_fails_the_run(url):
+    with pytest.raises(RuntimeError, match="load-generator process failed"):
+        drive_processes(url, ["a"], 2, 0.3, {"a": 1}, "no-such-request", 0, processes=2)
 
 
 def test_only_plain_http_urls_are_taken():

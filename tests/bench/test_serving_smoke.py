@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from bench.serving.throughput import own_loads
 from devkit.paths import REPO_ROOT
 
 
@@ -13,19 +14,28 @@ def test_serving_benchmark_runs_every_system(tiny_checkpoint, tmp_path):
     out = tmp_path / "rows.json"
     result = subprocess.run(
         [sys.executable, "-m", "bench.serving", "--checkpoint", str(tiny_checkpoint), "--concurrency", "1", "4",
-         "--duration", "1", "--sentences", "60", "--json", str(out)],
+         "--duration", "1", "--sentences", "60", "--json", str(out),
+         "--systems", "service", "service-nobatch", "naive@4x1"],  # the peer only where it is named
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())
     systems = [(r["system"], r["concurrency"]) for r in rows]
     assert systems == [("limit (in-process)", 0), ("service", 1), ("service", 4), ("service-nobatch", 1),
-                       ("service-nobatch", 4), ("naive", 1), ("naive", 4)]
+                       ("service-nobatch", 4), ("naive", 4)]
     for row in rows:
         assert row["requests"] > 0 and row["sequences_per_s"] > 0 and row["tokens_per_s"] > 0
     service = [r for r in rows if r["system"] == "service"]
     assert all(r["mean_batch"] >= 1 and 0 <= r["padding"] < 1 and r["vs_limit"] > 0 for r in service)
     assert "| system | concurrency |" in result.stdout
+
+
+def test_a_system_may_name_its_own_loads():
+    every = [(16, 8), (64, 8), (64, 1)]
+    assert own_loads("naive@64x8", every) == ("naive", [(64, 8)])
+    assert own_loads("service::--no-cuda-graphs@64x8,64X1", every) == ("service::--no-cuda-graphs", [(64, 8), (64, 1)])
+    assert own_loads("service:float32", every) == ("service:float32", every)
+    assert own_loads("service::--api-key=a@b", every) == ("service::--api-key=a@b", every)  # not loads: a flag's
 
 
 def test_cpu_budget_accounts_for_the_machine(tiny_checkpoint):
@@ -66,8 +76,8 @@ def test_request_cost_measures_each_part(tiny_checkpoint):
     texts = ["a crane is flying over the river", "the river", "it rains on the hills and the river rises"] * 30
     costs = asyncio.run(front_end_us(tiny_checkpoint, texts, 8, 60, rounds=1))
     assert sorted(costs) == sorted(["direct", "fast routes", "FastAPI"]) and min(costs.values()) > 0
-    selecting, computing = engine_us_per_input(load_checkpoint(tiny_checkpoint), texts, 8)
-    assert selecting > 0 and computing > 0
+    selecting, computing, replying = engine_us_per_input(load_checkpoint(tiny_checkpoint), texts, 8)
+    assert selecting > 0 and computing > 0 and replying > 0
 
 
 def test_the_http_floor_answers_like_the_service():
