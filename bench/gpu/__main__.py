@@ -302,9 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             summary[name] = step()
             summary["step_seconds"][name] = round(time.perf_counter() - step_started, 1)
             print(f"bench.gpu: {name} done in {summary['step_seconds'][name]} s", file=sys.stderr, flush=True)
-            # Each step's figures are on disk as soon as it ends: a run cut short by a lease keeps them.
+            # Each step's figures are on disk as soon as it ends, readable too: a run cut short by a lease keeps them.
             partial = {**summary, "incomplete": True, "seconds": time.perf_counter() - started}
             (args.out / "gpu-summary.json").write_text(json.dumps(partial, indent=1) + "\n")
+            (args.out / "gpu-summary.md").write_text(markdown(partial))
     summary["seconds"] = time.perf_counter() - started
     (args.out / "gpu-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.out / "gpu-summary.md").write_text(markdown(summary))

@@ -47,13 +47,13 @@ from service.tasks import EncodeItem, PooledVector
 
 
 class AnswerAtOnce:
-    """An `EngineLink` whose engine costs nothing: every input's pooled vector is zeros, ready at once. What
-    is left is the front end's own work."""
+    """An `EngineLink` whose engine costs nothing: every input's pooled vector is ready at once (the same one, of
+    ordinary floats: zeros would print shorter than a real embedding's). What is left is the front end's own work."""
 
     detail = ""
 
     def __init__(self, width: int):
-        self.vector = np.zeros(width, dtype=np.float32)
+        self.vector = np.random.default_rng(0).standard_normal(width).astype(np.float32) / np.sqrt(width)
 
     async def start(self, checkpoint: Path) -> ModelFacts:
         return ModelFacts("cpu", "float32", True, True, 0, 1024, 64)
@@ -89,8 +89,9 @@ PATHS = {  # how a request reaches the route
 
 
 async def front_end_us(checkpoint: Path, texts: list[str], per_request: int, requests: int,
-                       rounds: int = 5) -> dict[str, float]:
-    """CPU µs per /embed request of `per_request` sentences along each of PATHS, the HTTP bytes already parsed.
+                       rounds: int = 5, width: int = 32) -> dict[str, float]:
+    """CPU µs per /embed request of `per_request` sentences, answered with vectors `width` wide, along each of
+    PATHS, the HTTP bytes already parsed.
     The paths take turns, `rounds` times `requests` each; each keeps its best round (another tenant's work
     only ever adds time)."""
     settings = Settings(checkpoint=str(checkpoint))
@@ -99,7 +100,7 @@ async def front_end_us(checkpoint: Path, texts: list[str], per_request: int, req
     apps = {}
     for path in PATHS:
         metrics = Metrics()
-        app = create_http_app(Runtime(settings, AnswerAtOnce(32), metrics), fast_routes=path != "FastAPI")
+        app = create_http_app(Runtime(settings, AnswerAtOnce(width), metrics), fast_routes=path != "FastAPI")
         apps[path] = (app, DirectEntry(app) if path == "direct" else app)
     best = dict.fromkeys(PATHS, float("inf"))
     async with contextlib.AsyncExitStack() as stack:
@@ -163,7 +164,7 @@ def tokenizer_us(checkpoint, texts: list[str], per_request: int, rounds: int = 3
     return best
 
 
-def engine_us_per_input(checkpoint, texts: list[str], batch: int, per_request: int = 8
+def engine_us_per_input(checkpoint, texts: list[str], batch: int, per_request: int = 8, priced: bool = True
                         ) -> tuple[float, float, float]:
     """(selection + collation, forward + results, replies) CPU µs per input, batches of `batch` similar-length
     inputs chosen from a queue of 512 as the packer chooses them; replies: the results sent back as the engine
@@ -177,7 +178,8 @@ def engine_us_per_input(checkpoint, texts: list[str], batch: int, per_request: i
     ticket = Ticket(float("inf"), 1, None)
     rng = random.Random(0)
     queue = [Entry(rng.choice(items), ticket, 0) for _ in range(512)]
-    flops = pricing(engine)  # as the batcher prices batches
+    # As the batcher prices batches here; unpriced as where attention never pads (varlen: a GPU in bfloat16)
+    flops = pricing(engine) if priced else None
     chosen = [choose_batch(queue, policy, flops) for _ in range(3)]
     for entries in chosen:
         engine.run(engine.collate([e.item for e in entries]))  # warm-up
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = sentences(2000, None, None)
         rows = {}
         for per_request in (1, 8):
-            costs = asyncio.run(front_end_us(directory, texts, per_request, args.requests))
+            costs = asyncio.run(front_end_us(directory, texts, per_request, args.requests, width=args.hidden))
             for path, how in PATHS.items():
                 rows[f"front end, {per_request} sentence(s) a request, {how}"] = costs[path]
             rows[f"  the tokenizer's part of it, {per_request} sentence(s)"] = tokenizer_us(checkpoint, texts,
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             rows[f"engine per input, batches of {batch}: selection + collation"] = selecting
             rows[f"engine per input, batches of {batch}: forward + results"] = computing
             rows[f"engine per input, batches of {batch}: replies (8 inputs a message)"] = replying
+        rows["engine per input, batches of 256 unpriced (as on a GPU in bfloat16): selection + collation"] = \
+            engine_us_per_input(checkpoint, texts, 256, priced=False)[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, one thread, CPU time "
