@@ -24,7 +24,7 @@ help:
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
 	@echo "make audit      pip-audit over the pinned dependencies"
-	@echo "make gpu-wheels then make bench-gpu  prove the GPU path on a CUDA machine (bench/gpu/; offline, < 10 min)"
+	@echo "make gpu-wheels then make bench-gpu  prove the GPU path on a CUDA machine (bench/gpu/; offline, within 8 min)"
 	@echo "make test-docker  build the images, run compose (CPU) and the scale profile against a real Docker engine"
 	@echo "make train-default  re-train and export the bundled model (a warm start from all-MiniLM-L6-v2, hours on 2 CPU cores, resumable)"
 	@echo "make train-mini-scratch  the earlier from-scratch recipe (4 h in two stages), the baseline it is compared with"
