@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.gpu import steps as gpu_steps
+    from bench.serving.throughput import own_loads
 
     if not args.dry_run and not torch.cuda.is_available():
         print("error: no CUDA device; use --dry-run to exercise the same steps on the CPU", file=sys.stderr)
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         # The dry run spreads the systems over the two checkpoints (each server start costs seconds on a CPU).
         chosen = tuple(args.systems or gpu_steps.SYSTEMS)
         with_eager = chosen if args.systems else (*chosen, gpu_steps.EAGER)
-        eager = gpu_steps.EAGER.partition("@")[0]  # the dry run's rows are at its own small loads
+        eager = own_loads(gpu_steps.EAGER, [])[0]  # the dry run's rows are at its own small loads
         dry = ((("service", "naive@4x2"), ("4x2",)), (("service:float32", eager), ("4x1",))) if args.dry_run \
             else ((with_eager,), (chosen,))  # (systems, loads) for each checkpoint; the loads default to LOADS
         bundled = gpu_steps.DEFAULT_CHECKPOINT
