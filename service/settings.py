@@ -98,6 +98,15 @@ class Settings(BaseSettings):
         "Most characters in one input text, checked before tokenization so that huge texts cost nothing (422)."))
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
     max_top_k: int = Field(100, ge=1, description="Largest top_k accepted by /fill-mask (422 beyond).")
+    max_response_mb: float = Field(32.0, gt=0, description=(
+        "Largest answer a request may produce, in MB (10^6 bytes), estimated from its counts once it is tokenized "
+        "and refused with 422 before any compute: fill-mask inputs x masks x top_k, token-level vectors (/encode "
+        "without pooling, /embed_all) tokens x width, /tokenize tokens. The default lets every request of the "
+        "documented limits through with pooled vectors (64 x 512 tokens) and 64-input fill-mask at a few masks and "
+        "top_k 5, and token vectors up to about 2.4M floats (64 inputs x 96 tokens at width 384); it refuses the "
+        "135 MB of 64 inputs x 50 masks x top_k 100 and the 160 MB of 64 x 512 token vectors. Higher lets larger "
+        "token-level answers through in one call, at that much front-end memory and serialization time per "
+        "request (times the requests in flight)."))
     api_key: str | None = Field(None, description=(
         "If set, every route but /health and /live (and /metrics unless metrics_require_key) needs "
         "'Authorization: Bearer <key>'. Compared in constant time."))

@@ -20,6 +20,7 @@ class Limits:
     max_inputs_per_request: int
     max_input_chars: int
     max_top_k: int
+    max_response_mb: float = 32.0  # the answer's estimated size (service.frontend.answer_size)
 
 
 def _as_list(inputs, is_single) -> list:

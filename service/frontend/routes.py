@@ -52,7 +52,7 @@ async def encode(body: EncodeRequest, request: Request, door: Door, state: State
     """The encoder's last hidden layer (or the checkpoint's `embedding_layer`): one vector per token (special tokens
     included), or pooled by [CLS] or mean."""
     outputs = await door.encode(body.inputs, body.pooling, body.normalize, Preparation(body.truncate),
-                                gone=client_gone(request))
+                                gone=client_gone(request), base64=body.encoding_format == "base64")
     return json_response({
         "model": state.model_name,
         "dim": state.checkpoint.config.hidden_size,

@@ -37,7 +37,7 @@ async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, door: Door
                            "text", param="input")
     prep = preparation(state.checkpoint.pooling, False)  # the checkpoint's default prompt, if it has one
     outputs = await door.encode(body.input, state.checkpoint.pooling.mode, True, prep, gone=client_gone(request),
-                                field="input", dimensions=body.dimensions)
+                                field="input", dimensions=body.dimensions, base64=body.encoding_format == "base64")
     data = []
     for index, output in enumerate(outputs):
         vector = output.result.vector
