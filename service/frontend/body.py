@@ -29,6 +29,7 @@ from service.errors import ServiceError
 
 # Each accepted content coding -> the zlib window bits that read it (None: nothing to undo).
 CODINGS = {"identity": None, "gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+UTF8_BOM = b"\xef\xbb\xbf"
 MAX_DEPTH = 1024  # orjson's own limit on nesting, stated here for the messages and the docs
 
 
@@ -36,6 +37,8 @@ def parse_body(raw: bytes, content_encoding: str | None = None, max_bytes: int |
     """The body's JSON value, or a ServiceError: 415 for an unknown content coding, 413 for an inflated body
     over `max_bytes`, 422 for anything that is not one complete JSON document (the reason named)."""
     body = decode_content(raw, content_encoding, max_bytes)
+    if body.startswith(UTF8_BOM):
+        body = body[len(UTF8_BOM):]  # RFC 8259 lets a parser ignore it; Windows tools write files with one
     if not body:
         raise ServiceError("validation", "body: Field required")
     try:
