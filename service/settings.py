@@ -108,8 +108,11 @@ class Settings(BaseSettings):
         "token-level answers through in one call, at that much front-end memory and serialization time per "
         "request (times the requests in flight)."))
     api_key: str | None = Field(None, description=(
-        "If set, every route but /health and /live (and /metrics unless metrics_require_key) needs "
-        "'Authorization: Bearer <key>'. Compared in constant time."))
+        "If set, every API route (every POST, /info, /v1/models) needs 'Authorization: Bearer <key>', checked before "
+        "anything else (401 before 413/415/422 and before admission); compared in constant time. Open without it: "
+        "/health and /live (probes), /metrics unless metrics_require_key, and the pages for people (/docs, /redoc, "
+        "/openapi.json, the playground at / and its assets), which compute nothing and show only the API's shape; "
+        "the playground sends the key its user types."))
     api_key_file: Path | None = Field(None, description=(
         "Read the API key from this file instead (a mounted Kubernetes or Docker secret: the key stays out of the "
         "environment). Surrounding whitespace is ignored."))
