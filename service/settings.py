@@ -103,8 +103,8 @@ class Settings(BaseSettings):
         "and refused with 422 before any compute: fill-mask inputs x masks x top_k, token-level vectors (/encode "
         "without pooling, /embed_all) tokens x width, /tokenize tokens. The default lets every request of the "
         "documented limits through with pooled vectors (64 x 512 tokens) and 64-input fill-mask at a few masks and "
-        "top_k 5, and token vectors up to about 2.4M floats (64 inputs x 96 tokens at width 384); it refuses the "
-        "135 MB of 64 inputs x 50 masks x top_k 100 and the 160 MB of 64 x 512 token vectors. Higher lets larger "
+        "top_k 5, and token vectors up to about 2.4M floats (64 inputs x 96 tokens at width 384); it refuses "
+        "64 inputs x 50 masks x top_k 100 (over 100 MB) and token vectors of 64 x 512 tokens (about 150 MB). Higher lets larger "
         "token-level answers through in one call, at that much front-end memory and serialization time per "
         "request (times the requests in flight)."))
     api_key: str | None = Field(None, description=(

@@ -103,7 +103,8 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
                        route_label=route_label, in_flight=admission or InFlight())
     # Outside admission and the body checks: without the key, 401 and nothing else (service.frontend.api_key).
-    keyed = {(method, r.path) for router in routers if router is not public for r in router.routes for method in r.methods}
+    keyed = {(method, r.path) for router in routers if router is not public
+             for r in router.routes for method in r.methods}
     if settings.metrics_require_key:
         keyed.add(("GET", "/metrics"))
     app.add_middleware(ApiKey, key=settings.api_key, keyed=frozenset(keyed),

@@ -200,7 +200,8 @@ def fuzz(server, route: str, kind: str, examples: int) -> None:
         response = client.post(route, content=content, headers={"content-type": "application/json", **headers})
         sent[(arrangement, kind, route)] += 1
         statuses[(arrangement, kind, response.status_code)] += 1
-        assert acceptable(response), f"{route} {kind}: {response.status_code} {response.text[:300]} for {content[:200]!r}"
+        assert acceptable(response), \
+            f"{route} {kind}: {response.status_code} {response.text[:300]} for {content[:200]!r}"
         assert response.json() is not None  # every answer is JSON
 
     one()
