@@ -25,9 +25,9 @@ def refused(check, *args) -> bool:
 
 
 def test_the_default_refuses_the_answers_of_the_issue_and_lets_documented_requests_through():
-    # 64 inputs x 50 masks x top_k 100 (a 22 KB request; measured 217 MB of JSON on the bundled model)
+    # 64 inputs x 50 masks x top_k 100 (a 22 KB request; 217 MB of JSON on the bundled model: RELIABILITY.md)
     assert refused(answer_size.check_predictions, [(50, 102, 100)] * 64, DEFAULT_MB)
-    # /encode of 64 x 512 tokens without pooling (measured 146 MB of JSON, 67 MB in base64)
+    # /encode of 64 x 512 tokens without pooling (146 MB of JSON, 67 MB in base64)
     assert refused(answer_size.check_vectors, [512] * 64, WIDTH, False, False, DEFAULT_MB)
     assert refused(answer_size.check_vectors, [512] * 64, WIDTH, False, True, DEFAULT_MB)
     # documented normal use: pooled vectors of 64 x 512 tokens, 64-input fill-mask with a few masks at top_k 5,
