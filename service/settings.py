@@ -98,9 +98,21 @@ class Settings(BaseSettings):
         "Most characters in one input text, checked before tokenization so that huge texts cost nothing (422)."))
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
     max_top_k: int = Field(100, ge=1, description="Largest top_k accepted by /fill-mask (422 beyond).")
+    max_response_mb: float = Field(32.0, gt=0, description=(
+        "Largest answer a request may produce, in MB (10^6 bytes), estimated from its counts once it is tokenized "
+        "and refused with 422 before any compute: fill-mask inputs x masks x top_k, token-level vectors (/encode "
+        "without pooling, /embed_all) tokens x width, /tokenize tokens. The default lets every request of the "
+        "documented limits through with pooled vectors (64 x 512 tokens) and 64-input fill-mask at a few masks and "
+        "top_k 5, and token vectors up to about 2.4M floats (64 inputs x 96 tokens at width 384); it refuses "
+        "64 inputs x 50 masks x top_k 100 (over 100 MB) and token vectors of 64 x 512 tokens (about 150 MB). Higher lets larger "
+        "token-level answers through in one call, at that much front-end memory and serialization time per "
+        "request (times the requests in flight)."))
     api_key: str | None = Field(None, description=(
-        "If set, every route but /health and /live (and /metrics unless metrics_require_key) needs "
-        "'Authorization: Bearer <key>'. Compared in constant time."))
+        "If set, every API route (every POST, /info, /v1/models) needs 'Authorization: Bearer <key>', checked before "
+        "anything else (401 before 413/415/422 and before admission); compared in constant time. Open without it: "
+        "/health and /live (probes), /metrics unless metrics_require_key, and the pages for people (/docs, /redoc, "
+        "/openapi.json, the playground at / and its assets), which compute nothing and show only the API's shape; "
+        "the playground sends the key its user types."))
     api_key_file: Path | None = Field(None, description=(
         "Read the API key from this file instead (a mounted Kubernetes or Docker secret: the key stays out of the "
         "environment). Surrounding whitespace is ignored."))

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service.frontend.api_key import ApiKey
 from service.frontend.fast_routes import FastRoutes
 from service.frontend.guards import Admission, BodyLimit, InFlight, RequestMetrics
 from service.frontend.http_errors import install_error_handlers
@@ -101,5 +102,12 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
                        route_label=route_label)
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
                        route_label=route_label, in_flight=admission or InFlight())
+    # Outside admission and the body checks: without the key, 401 and nothing else (service.frontend.api_key).
+    keyed = {(method, r.path) for router in routers if router is not public
+             for r in router.routes for method in r.methods}
+    if settings.metrics_require_key:
+        keyed.add(("GET", "/metrics"))
+    app.add_middleware(ApiKey, key=settings.api_key, keyed=frozenset(keyed),
+                       on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized").inc())
     app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
     return app

@@ -5,7 +5,7 @@ FastAPI spends more CPU per request than everything else a front end does for a 
 on the in-process app: over half of the front end's time), and on a GPU host that CPU is what bounds
 the requests per second. This middleware reads the same table FastAPI built (the same endpoint
 functions, body models, dependencies and error answers) and calls the endpoint directly: a dict
-lookup for the route, orjson and pydantic-core for the body, the dependencies (all of the form
+lookup for the route, `service.frontend.body` and pydantic-core for the body, the dependencies (all of the form
 `async def dep(request)`) awaited in order. FastAPI still documents every route (/docs, /openapi.json)
 and serves everything else (pages, GET routes, 404s and 405s).
 
@@ -15,18 +15,16 @@ and serves everything else (pages, GET routes, 404s and 405s).
 from __future__ import annotations
 
 import inspect
-import json
 from dataclasses import dataclass
 from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
 from fastapi import FastAPI
 from fastapi.params import Depends
 from fastapi.routing import APIRoute
-import orjson
 from pydantic import TypeAdapter
 from starlette.requests import Request
 
-from service.errors import ServiceError
+from service.frontend.body import request_json
 from service.frontend.disconnects import HTTP_CYCLE, can_sweep
 from service.frontend.http_errors import answer_exception
 
@@ -46,28 +44,10 @@ class _Endpoint:
             if how == "request":
                 values[name] = request
             elif how == "body":
-                values[name] = self.body.validate_python(_parse_json(await request.body()), from_attributes=True)
+                values[name] = self.body.validate_python(await request_json(request), from_attributes=True)
             else:
                 values[name] = await how(request)
         return await self.call(**values)
-
-
-def _parse_json(body: bytes):
-    """The body as FastAPI reads it (then validated in Python mode, so errors read as FastAPI's do)."""
-    if not body:
-        raise ServiceError("validation", "body: Field required")
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        pass
-    # orjson refuses what the standard library (which FastAPI uses) accepts, such as an escaped lone surrogate,
-    # which the input checks then name: the rare body orjson refuses is read the standard way.
-    try:
-        return json.loads(body)
-    except UnicodeDecodeError:
-        raise ServiceError("validation", "There was an error parsing the body") from None  # FastAPI's words
-    except json.JSONDecodeError:
-        raise ServiceError("validation", "the request body is not valid JSON") from None
 
 
 def _endpoint(route: APIRoute) -> _Endpoint | None:

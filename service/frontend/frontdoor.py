@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import numpy as np
@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
+from service.frontend import answer_size
 from service.frontend.disconnects import Watch
 from service.frontend.link import EngineLink
 from service.frontend.inputs import (
@@ -119,15 +120,20 @@ class FrontDoor:
     # ---- tasks ---------------------------------------------------------------------------------
 
     async def encode(self, inputs, pooling: Pooling, normalize: bool, prep: Preparation, gone: Waiter = None,
-                     field: str = "inputs", dimensions: int | None = None) -> list[EncodeOutput]:
+                     field: str = "inputs", dimensions: int | None = None, base64: bool = False,
+                     limits: Limits | None = None) -> list[EncodeOutput]:
         """`field` is what error messages call the inputs (the request's own name for them). `dimensions`
-        keeps the first N dimensions of pooled vectors, then normalises if asked (Matryoshka style)."""
+        keeps the first N dimensions of pooled vectors, then normalises if asked (Matryoshka style). `base64`:
+        the vectors go out base64-encoded (a smaller answer). `limits`: other than the server's (/similarity)."""
         if dimensions is not None and not 1 <= dimensions <= self.width:
             raise ServiceError("validation", f"dimensions must be between 1 and this model's width {self.width}, "
                                              f"got {dimensions}", param="dimensions")
         shortened = dimensions is not None and dimensions < self.width and pooling != "none"
+        limits = limits or self.limits
         items, encoded = await self._tokenize(inputs, lambda: encode_items(
-            self.tokenizer, inputs, pooling, normalize and not shortened, prep, self.limits, field))
+            self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field))
+        answer_size.check_vectors([len(e.ids) for e in encoded], dimensions if shortened else self.width,
+                                  pooling != "none", base64, limits.max_response_mb)
         results = await self._compute(items, gone)
         if shortened:
             results = [PooledVector(_shorten(r.vector, dimensions, normalize)) for r in results]
@@ -164,7 +170,10 @@ class FrontDoor:
         """SPLADE weights over the vocabulary for each input, from the masked-LM head."""
         self._require(self.has_mlm_head, "sparse embeddings need a masked-LM head")
         items = await self._tokenize(inputs, lambda: sparse_items(self.tokenizer, inputs, prep, self.limits))
-        return await self._compute(items, gone)
+        vectors: list[SparseVector] = await self._compute(items, gone)
+        # How many weights are not zero is known only now: the answer is bounded, the compute was spent.
+        answer_size.check_sparse(sum(len(v.indices) for v in vectors), self.limits.max_response_mb)
+        return vectors
 
     async def similarity(self, source: str, sentences: list[str], pooling: Pooling, prep: Preparation,
                          gone: Waiter = None) -> list[float]:
@@ -172,7 +181,15 @@ class FrontDoor:
         if not sentences:
             raise ServiceError("empty", "sentences is empty; send at least one sentence to compare",
                                param="sentences")
-        outputs = await self.encode([source, *sentences], pooling, True, prep, gone, field="sentences")
+        limit = self.limits.max_inputs_per_request
+        if len(sentences) > limit:
+            raise ServiceError("validation", f"sentences has {len(sentences)} entries; the limit is {limit} per "
+                                             "request", param="sentences")
+        # The source rides along: `sentences` alone counts against the limit (64 sentences work at 64).
+        if not source.strip():
+            raise ServiceError("validation", "source_sentence is empty or whitespace only", param="source_sentence")
+        outputs = await self.encode([source, *sentences], pooling, True, prep, gone, field="sentences",
+                                    limits=replace(self.limits, max_inputs_per_request=limit + 1))
         vectors = np.stack([o.result.vector for o in outputs])  # (1 + S, H), normalised
         return (vectors[1:] @ vectors[0]).astype(np.float64).tolist()
 
@@ -196,6 +213,8 @@ class FrontDoor:
         self._require(self.has_mlm_head, "fill-mask needs a masked-LM head")
         items = await self._tokenize(inputs, lambda: fill_mask_items(
             self.tokenizer, inputs, top_k, targets, truncate, self.limits))
+        answer_size.check_predictions([(len(i.mask_positions), len(i.input_ids), i.top_k) for i in items],
+                                      self.limits.max_response_mb)
         results: list[FillMaskScores] = await self._compute(items, gone)
         return [self._predictions(item.input_ids, result) for item, result in zip(items, results)]
 
@@ -207,8 +226,10 @@ class FrontDoor:
 
     async def tokenize(self, inputs, add_special_tokens: bool, prompt: str = "") -> list[list[Piece]]:
         """Each input's tokens with ids and character offsets (no model work); offsets count the prompt."""
-        return await self._tokenize(inputs, lambda: tokenize_texts(self.tokenizer, inputs, add_special_tokens,
-                                                                   self.limits, prompt))
+        pieces = await self._tokenize(inputs, lambda: tokenize_texts(self.tokenizer, inputs, add_special_tokens,
+                                                                     self.limits, prompt))
+        answer_size.check_pieces(sum(map(len, pieces)), self.limits.max_response_mb)
+        return pieces
 
     # ---- the steps ---------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ class Limits:
     max_inputs_per_request: int
     max_input_chars: int
     max_top_k: int
+    max_response_mb: float = 32.0  # the answer's estimated size (service.frontend.answer_size)
 
 
 def _as_list(inputs, is_single) -> list:
@@ -27,6 +28,7 @@ def _as_list(inputs, is_single) -> list:
 
 
 def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
+    # Every text is valid Unicode already: the body parser (service.frontend.body) refuses lone surrogates.
     if not texts:
         raise ServiceError("empty", f"{field} is empty; send at least one input", param=field)
     if len(texts) > limits.max_inputs_per_request:
@@ -47,17 +49,6 @@ def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
             if len(part) > limits.max_input_chars:
                 raise ServiceError("validation", f"{field}[{index}] has {len(part)} characters; the limit is "
                                                  f"{limits.max_input_chars}", param=field)
-            if not part.isascii() and _has_lone_surrogate(part):
-                raise ServiceError("validation", f"{field}[{index}] contains a lone surrogate (not valid Unicode)", param=field)
-
-
-def _has_lone_surrogate(text: str) -> bool:
-    """A lone surrogate is the one thing a str can hold that UTF-8 cannot (checked in C, not per character)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from service.errors import ServiceError
+from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.http_errors import STATUS
@@ -40,26 +39,11 @@ async def get_frontdoor(request: Request) -> FrontDoor:
     return request.app.state.runtime.ready_frontdoor()
 
 
-async def require_api_key(request: Request) -> None:
-    key = request.app.state.runtime.settings.api_key
-    if key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, supplied = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode(), key.encode()):
-        raise ServiceError("unauthorized", "missing or wrong API key; send 'Authorization: Bearer <key>'")
-
-
-async def require_metrics_key(request: Request) -> None:
-    if request.app.state.runtime.settings.metrics_require_key:
-        await require_api_key(request)
-
-
 Door = Annotated[FrontDoor, Depends(get_frontdoor)]
 State = Annotated[Runtime, Depends(get_runtime)]
 ERRORS = {status: {"model": ErrorBody} for status in sorted(set(STATUS.values()) - {404, 405})}
 
-api = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["BERT"])
+api = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["BERT"])
 public = APIRouter(tags=["Operations"])
 
 
@@ -68,7 +52,7 @@ async def encode(body: EncodeRequest, request: Request, door: Door, state: State
     """The encoder's last hidden layer (or the checkpoint's `embedding_layer`): one vector per token (special tokens
     included), or pooled by [CLS] or mean."""
     outputs = await door.encode(body.inputs, body.pooling, body.normalize, Preparation(body.truncate),
-                                gone=client_gone(request))
+                                gone=client_gone(request), base64=body.encoding_format == "base64")
     return json_response({
         "model": state.model_name,
         "dim": state.checkpoint.config.hidden_size,
@@ -111,7 +95,7 @@ async def live(state: State) -> Response:
     return json_response(state.live())
 
 
-@public.get("/metrics", dependencies=[Depends(require_metrics_key)], summary="Prometheus metrics",
+@public.get("/metrics", summary="Prometheus metrics",
             response_class=Response)
 async def metrics(state: State) -> Response:
     """Requests and failures by route and kind, queue depth and time, inference time, batch sizes, padding."""

@@ -6,18 +6,19 @@ or sigmoid as its config says (`model.labels`), or the logits with `raw_scores`.
 from __future__ import annotations
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
 from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
+from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State, require_api_key
+from service.frontend.routes import Door, State
 from service.frontend.routes_tei import ERRORS
 from service.frontend.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 
-classify = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["TEI-compatible"])
+classify = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["TEI-compatible"])
 
 
 @classify.post("/predict", response_model=list[TeiPrediction] | list[list[TeiPrediction]],

@@ -8,20 +8,21 @@ its own exception classes.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.errors import ServiceError
 from service.frontend.inputs import preparation
 from service.frontend.outputs import b64_floats, json_response
+from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State, require_api_key
+from service.frontend.routes import Door, State
 from service.frontend.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, OpenAIError
 
 ERRORS = {status: {"model": OpenAIError} for status in (400, 401, 413, 415, 429, 500, 501, 503)}
-openai = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["OpenAI-compatible"])
+openai = APIRouter(prefix="/v1", route_class=ParsedBodyRoute, responses=ERRORS, tags=["OpenAI-compatible"])
 # text-embeddings-inference serves OpenAI's embeddings route without the /v1 prefix too.
-openai_alias = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["OpenAI-compatible"])
+openai_alias = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["OpenAI-compatible"])
 
 
 @openai_alias.post("/embeddings", response_model=OpenAIEmbeddingsResponse, summary="Embeddings (OpenAI-compatible)")
@@ -36,7 +37,7 @@ async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, door: Door
                            "text", param="input")
     prep = preparation(state.checkpoint.pooling, False)  # the checkpoint's default prompt, if it has one
     outputs = await door.encode(body.input, state.checkpoint.pooling.mode, True, prep, gone=client_gone(request),
-                                field="input", dimensions=body.dimensions)
+                                field="input", dimensions=body.dimensions, base64=body.encoding_format == "base64")
     data = []
     for index, output in enumerate(outputs):
         vector = output.result.vector

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
@@ -31,13 +31,14 @@ from service.errors import ServiceError
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
+from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State, require_api_key
+from service.frontend.routes import Door, State
 from service.frontend.routes_tei import ERRORS
 from service.frontend.schemas import Strict, Text
 from service.frontend.schemas_tei import Direction, TeiInput, TeiSimilarityRequest
 
-root = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["Hugging Face Inference API"])
+root = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["Hugging Face Inference API"])
 EXPLICIT = "call the explicit route instead: /embed, /fill-mask, /similarity or /predict"
 
 

@@ -5,13 +5,14 @@ error body: `/embed` (pooled as the checkpoint says, normalized by default, Matr
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.frontend.inputs import preparation
 from service.frontend.outputs import json_response
+from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State, require_api_key
+from service.frontend.routes import Door, State
 from service.frontend.schemas_tei import (
     TeiDecodeRequest,
     TeiEmbedAllRequest,
@@ -25,7 +26,7 @@ from service.frontend.schemas_tei import (
 )
 
 ERRORS = {status: {"model": TeiError} for status in (400, 401, 413, 415, 422, 424, 429, 503)}
-tei = APIRouter(dependencies=[Depends(require_api_key)], responses=ERRORS, tags=["TEI-compatible"])
+tei = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["TEI-compatible"])
 
 
 @tei.post("/embed", response_model=list[list[float]], summary="Embeddings (TEI-compatible)")

@@ -126,7 +126,7 @@ class Runtime:
             files.cancel()
             raise
         checkpoint = with_labels(await files, facts.num_labels)
-        limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k)
+        limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k, s.max_response_mb)
         self.checkpoint, self.facts = checkpoint, facts
         self.frontdoor = FrontDoor(checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s,
                                    facts.has_mlm_head, facts.has_nsp_head, checkpoint.config.hidden_size,

@@ -83,6 +83,43 @@ async def test_api_key(tiny_checkpoint):
         assert_error(await client.get("/metrics"), 401, "unauthorized")
 
 
+async def test_without_the_key_nothing_but_401(tiny_checkpoint):
+    """Nothing about the body is looked at before the key: size, content type, coding, JSON, fields."""
+    async with serving(tiny_checkpoint, api_key="s3cret-key", max_body_bytes=4096) as client:
+        json_type = {"content-type": "application/json"}
+
+        async def chunks():  # no Content-Length: over the limit only once read
+            for _ in range(10):
+                yield b" " * 1000
+
+        refused = [
+            await client.post("/encode", json={"inputs": "a" * 5000}),  # 413 by its Content-Length
+            await client.post("/encode", content=chunks(), headers=json_type),  # 413 once read
+            await client.post("/encode", content=b"inputs=a", headers={"content-type": "text/plain"}),  # 415
+            await client.post("/encode", content=b"{}", headers={**json_type, "content-encoding": "br"}),  # 415
+            await client.post("/encode", content=b'{"inputs": ', headers=json_type),  # 422: not JSON
+            await client.post("/encode", content=b"[" * 2000, headers=json_type),  # 422: too deep
+            await client.post("/encode", json={"inputs": "a", "colour": "blue"}),  # 422: unknown field
+            await client.post("/embed", content=b"{}", headers=json_type),
+            await client.post("/v1/embeddings", content=b"[" * 2000, headers=json_type),
+            await client.post("/", json={"inputs": "a"}, headers={"Authorization": "Bearer wrong"}),
+            await client.get("/info"),
+            await client.get("/v1/models"),
+        ]
+        for response in refused:
+            assert response.status_code == 401, (response.request.url, response.text)
+            assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_with_a_key_the_pages_and_probes_stay_open(tiny_checkpoint):
+    """The documentation, the playground and the probes need no key (docs/configuration.md, --api-key)."""
+    async with serving(tiny_checkpoint, api_key="s3cret-key") as client:
+        for path in ("/health", "/live", "/metrics", "/docs", "/redoc", "/openapi.json", "/",
+                     "/assets/playground/playground.js"):
+            assert (await client.get(path)).status_code == 200, path
+        assert (await client.get("/info")).status_code == 401
+
+
 async def test_checkpoint_without_heads_answers_unsupported(tmp_path, tiny_checkpoint):
     source = transformers.BertModel.from_pretrained(tiny_checkpoint)
     source.save_pretrained(tmp_path)

@@ -3,7 +3,9 @@ well-formed request still gets the same answer."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 
 import pytest
 
@@ -14,6 +16,10 @@ pytestmark = pytest.mark.anyio
 JSON = {"content-type": "application/json"}
 WELL_FORMED = ("/encode", {"inputs": ["a crane is flying", ["the river", "flows south"]], "pooling": "mean"})
 
+DEEP = b'{"inputs": ' + b"[" * 2000 + b"]" * 2000 + b"}"  # 4 KB
+HUGE_INT = b"9" * 4301  # past Python's int-from-text limit
+GZIP = {**JSON, "content-encoding": "gzip"}
+ZIP_BOMB = gzip.compress(b'{"inputs": "' + b"a " * 1_500_000 + b'"}')  # 3 MB inflated, a few KB sent
 # (name, path, body: a dict sent as JSON or raw bytes, headers, expected status, expected error_type or None)
 CASES = [
     ("empty string", "/encode", {"inputs": ""}, JSON, 422, "validation"),
@@ -100,6 +106,47 @@ CASES = [
     ("tei: tokenize whitespace", "/tokenize", {"inputs": "   "}, JSON, 422, "Validation"),
     ("tei: tokenize control characters", "/tokenize", {"inputs": "bell\x07 nul\x00"}, JSON, 200, None),
     ("tei: tokenize a number", "/tokenize", {"inputs": 3}, JSON, 422, "Validation"),
+    # Bodies the parser must refuse with a 4xx, whatever the route (each was a 500, or TEI's 424, before)
+    ("nested 2,000 deep", "/encode", DEEP, JSON, 422, "validation"),
+    ("openai: nested 2,000 deep", "/v1/embeddings", DEEP.replace(b"inputs", b"input"), JSON, 400,
+     "invalid_request_error"),
+    ("tei: nested 2,000 deep", "/embed", DEEP, JSON, 422, "Validation"),
+    ("root: nested 2,000 deep", "/", DEEP, JSON, 422, "Validation"),
+    ("nested 2,000 deep in an unknown field", "/nsp", b'{"inputs": ["a", "b"], "x": ' + b"[" * 2000 + b"]" * 2000
+     + b"}", JSON, 422, "validation"),
+    ("a 4,301-digit top_k", "/fill-mask", b'{"inputs": "[MASK]", "top_k": ' + HUGE_INT + b"}", JSON, 422, "validation"),
+    ("a 4,301-digit unknown field", "/encode", b'{"inputs": "a", "n": ' + HUGE_INT + b"}", JSON, 422, "validation"),
+    ("tei: a 4,301-digit token id", "/embed", b'{"inputs": [101, ' + HUGE_INT + b"]}", JSON, 422, "Validation"),
+    ("a 25-digit top_k", "/fill-mask", b'{"inputs": "[MASK]", "top_k": 1234567890123456789012345}', JSON, 422,
+     "validation"),
+    ("NaN for a number", "/fill-mask", b'{"inputs": "[MASK]", "top_k": NaN}', JSON, 422, "validation"),
+    ("a lone surrogate in targets", "/fill-mask", b'{"inputs": "[MASK]", "targets": ["a\\ud800"]}', JSON, 422,
+     "validation"),
+    ("tei: a lone surrogate in the rerank query", "/rerank", b'{"query": "\\udc00", "texts": ["b"]}', JSON, 422,
+     "Validation"),
+    ("tei: a lone surrogate in the similarity source", "/similarity",
+     b'{"inputs": {"source_sentence": "\\ud800", "sentences": ["b"]}}', JSON, 422, "Validation"),
+    ("tei: a lone surrogate in prompt_name", "/embed", b'{"inputs": "a", "prompt_name": "\\ud800"}', JSON, 422,
+     "Validation"),
+    ("openai: a lone surrogate in user", "/v1/embeddings", b'{"input": "a", "user": "\\ud800"}', JSON, 400,
+     "invalid_request_error"),
+    ("root: a lone surrogate in a fill-mask target", "/", b'{"inputs": "a [MASK]", "parameters": {"targets": '
+     b'"\\ud800"}}', JSON, 422, "Validation"),
+    ("a lone surrogate as a field name", "/encode", b'{"inputs": "a", "\\ud800": 1}', JSON, 422, "validation"),
+    ("a UTF-8 byte order mark", "/encode", b'\xef\xbb\xbf{"inputs": "a"}', JSON, 200, None),
+    ("a UTF-16 body", "/encode", '{"inputs": "a"}'.encode("utf-16"), JSON, 422, "validation"),
+    # Content-Encoding: gzip and deflate are read (their inflated size under the body limit), others are 415
+    ("a gzip body", "/encode", gzip.compress(b'{"inputs": "a crane"}'), GZIP, 200, None),
+    ("a deflate body", "/nsp", zlib.compress(b'{"inputs": ["a", "b"]}'), {**JSON, "content-encoding": "deflate"},
+     200, None),
+    ("tei: a gzip body", "/embed", gzip.compress(b'{"inputs": "a"}'), GZIP, 200, None),
+    ("a gzip bomb", "/encode", ZIP_BOMB, GZIP, 413, "payload_too_large"),
+    ("a body labelled gzip that is not", "/encode", b'{"inputs": "a"}', GZIP, 422, "validation"),
+    ("a brotli body", "/encode", b'{"inputs": "a"}', {**JSON, "content-encoding": "br"}, 415,
+     "unsupported_media_type"),
+    ("openai: an unknown coding", "/v1/embeddings", b'{"input": "a"}', {**JSON, "content-encoding": "foo"}, 415,
+     "invalid_request_error"),
+    ("tei: an unknown coding", "/embed", b'{"inputs": "a"}', {**JSON, "content-encoding": "foo"}, 415, "Validation"),
 ]
 
 

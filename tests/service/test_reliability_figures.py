@@ -1,0 +1,42 @@
+"""The counts RELIABILITY.md states for the bad-input tests are the tests' own: a test that grows or shrinks
+makes this fail until the document says so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.service import test_fuzz, test_hostile_fuzz, test_nasty_inputs
+
+DOC = (Path(__file__).resolve().parents[2] / "RELIABILITY.md").read_text(encoding="utf-8")
+
+
+def test_the_nasty_table_count():
+    assert f"| nasty-input table | {len(test_nasty_inputs.CASES)} cases (" in DOC
+
+
+def test_the_schemathesis_counts():
+    posts = [path for path, operations in test_fuzz.schema.raw_schema["paths"].items() if "post" in operations]
+    classifier = [path for path in posts if re.match(test_fuzz.CLASSIFIER_ROUTES, path)]
+    per_operation = test_fuzz.EXAMPLES_PER_OPERATION
+    assert (f"{per_operation} examples per operation on the {len(posts) - len(classifier)} POST routes of a masked-LM "
+            f"checkpoint and {per_operation // 2} on the {len(classifier)} classifier routes") in DOC
+
+
+def test_the_hostile_body_counts():
+    fuzz = test_hostile_fuzz
+    routes, fields = len(fuzz.FIELDS), sum(map(len, fuzz.FIELDS.values()))
+    assert f"Every field of every POST route ({routes} routes; their {fields} field paths" in DOC
+    assert f"({fuzz.EXAMPLES} per class and route in `make test`,\n{fuzz.SLOW_EXAMPLES} in the long run)" in DOC
+    drawn = fuzz.EXAMPLES * routes
+    swept = 2 * fields  # each field as the value and as a one-element list
+    per_value_class = drawn + swept
+    for kind in fuzz.SWEEP:
+        row = next(line for line in DOC.splitlines() if line.startswith(f"| {kind} |"))
+        assert f"| {per_value_class} |" in row, row
+    encodings_row = next(line for line in DOC.splitlines() if line.startswith("| encodings |"))
+    assert f"| {drawn} |" in encodings_row
+    per_arrangement = len(fuzz.SWEEP) * per_value_class + drawn
+    total = per_arrangement * len(fuzz.ARRANGEMENTS)
+    assert f"{total:,} requests in `make test`" in DOC
+    assert set(fuzz.CLASSES) == {*fuzz.SWEEP, "encodings"}
