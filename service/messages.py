@@ -38,6 +38,10 @@ from service.tasks import (
     Result,
     SparseItem,
     SparseVector,
+    SpanLogits,
+    QaItem,
+    TokenClassifyItem,
+    TokenLogits,
     TokenVectors,
 )
 
@@ -77,6 +81,8 @@ class ModelFacts:
     batch_tokens_in_force: int
     batch_size_in_force: int
     cuda_graphs: int = 0  # encoder graphs captured (service.engine.graphs); 0: every batch runs eagerly
+    num_token_labels: int = 0  # outputs of a token-classification head (0: none)
+    has_qa_head: bool = False  # an extractive question-answering head
 
 
 @dataclass
@@ -108,7 +114,8 @@ Message = Hello | Submit | Cancel | Status | Done | Failed
 
 # Tags are the wire format: append, never renumber.
 _TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, FillMaskItem, NspItem, ClassifyItem,
-          SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector)
+          SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector,
+          TokenClassifyItem, QaItem, TokenLogits, SpanLogits)
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
 _ARRAY = -1  # the map key of a numpy array: {-1: [dtype, shape, raw bytes]}
