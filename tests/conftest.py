@@ -124,7 +124,7 @@ def task_checkpoint(directory: Path, tokenizer: WordPieceTokenizer, architecture
         head.weight.normal_(0, 0.5)
         head.bias.normal_(0, 0.5)
     model.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save(directory)
+    tokenizer.save(directory, model_max_length=config.max_position_embeddings)  # the pipelines' windows: the model's
     return directory
 
 

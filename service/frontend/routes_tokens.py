@@ -11,6 +11,7 @@ from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
 from service.frontend.outputs import json_response
 from service.frontend.routes import ERRORS, Door, State
+from service.frontend.schemas import ErrorBody
 from service.frontend.schemas_tokens import (
     QuestionAnsweringRequest,
     QuestionAnsweringResponse,
@@ -19,7 +20,8 @@ from service.frontend.schemas_tokens import (
 )
 from service.frontend.token_tasks import AnswerOptions, EntityOptions, WindowOptions, answer_questions, classify_tokens
 
-tokens = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["BERT"])
+# 424: a checkpoint without the route's head (service.frontend.http_errors.TASK_HEAD_ROUTES)
+tokens = APIRouter(route_class=ParsedBodyRoute, responses={**ERRORS, 424: {"model": ErrorBody}}, tags=["BERT"])
 
 
 def entity_options(params, default_strategy: str = "none") -> EntityOptions:
