@@ -205,8 +205,10 @@ def test_clients_against_a_checkpoint_with_layers_stacked_for_its_heads(stacked)
 
 @pytest.fixture(scope="module")
 def task_heads(tiny_token_classifier, tiny_question_answerer):
-    """Two live servers: a token classifier and a question answerer (BertFor... checkpoints written by transformers)."""
-    servers = [start_service(checkpoint, "--api-key", KEY) for checkpoint in (tiny_token_classifier, tiny_question_answerer)]
+    """Two live servers: a token classifier and a question answerer (BertFor... checkpoints written by transformers),
+    each with two front-end processes, so the new items and results cross the engine's wire (service.messages)."""
+    servers = [start_service(checkpoint, "--api-key", KEY, "--workers", "2")
+               for checkpoint in (tiny_token_classifier, tiny_question_answerer)]
     yield [url for _, url in servers]
     for process, _ in servers:
         process.terminate()
@@ -237,3 +239,12 @@ def test_inference_client_token_classification_and_question_answering(task_heads
             question="where did ada live ?", context=text)
 
     assert asyncio.run(asynchronous()).answer == best.answer
+
+    # huggingface_hub 1.x, in the clients' own environment, reads the same answers
+    hub1 = drive(ner_url, "inference_client_hub1_token_classification")["inference_client_hub1_token_classification"]
+    want = reference(TEXTS[2], aggregation_strategy="first")
+    assert [(e["entity_group"], e["start"], e["end"]) for e in hub1["entities"]] == \
+        [(e["entity_group"], e["start"], e["end"]) for e in want]
+    answers = drive(qa_url, "inference_client_hub1_question_answering")["inference_client_hub1_question_answering"]
+    assert answers["best"]["answer"] == TEXTS[2][answers["best"]["start"] : answers["best"]["end"]]
+    assert len(answers["top"]) == 2 and answers["top"][0] == answers["best"]

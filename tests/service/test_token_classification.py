@@ -95,3 +95,18 @@ async def test_bad_input_and_a_checkpoint_without_the_head(tiny_token_classifier
         predict = await client.post("/predict", json={"inputs": "a"})
     assert missing.status_code == predict.status_code == 424
     assert "token-classification head" in missing.json()["error"] and "masked-LM head" in missing.json()["error"]
+
+
+async def test_the_answer_is_bounded_before_any_compute(tiny_token_classifier, tiny_question_answerer):
+    async with serving(tiny_token_classifier, max_response_mb=0.002) as client:
+        small = await client.post("/token-classification", json={"inputs": "ada lived here ."})
+        large = await client.post("/token-classification", json={"inputs": TEXTS * 4})
+    assert small.status_code == 200
+    assert large.status_code == 422 and "max_response_mb" in large.json()["error"]
+    context = " ".join(TEXTS)
+    async with serving(tiny_question_answerer, max_response_mb=0.002) as client:
+        one = await client.post("/question-answering", json={"inputs": {"question": "who ?", "context": context}})
+        many = await client.post("/question-answering", json={"inputs": {"question": "who ?", "context": context},
+                                                               "top_k": 40})
+    assert one.status_code == 200
+    assert many.status_code == 422 and "40 answers" in many.json()["error"]
