@@ -1,8 +1,10 @@
 """Sentences per second of token classification and of question answering (contexts of about 300 tokens): this
 service against a plain transformers server (bench.serving.task_peer), on all-MiniLM-L6-v2's encoder with random
-heads (a BertForTokenClassification of 9 B-/I- labels, a BertForQuestionAnswering), one run each, on this CPU.
+heads (a BertForTokenClassification of 9 B-/I- labels, a BertForQuestionAnswering), on this CPU. Every server
+runs at once and each is measured in turn, several rounds, the median kept: a shared CPU's drift then falls on
+the service and the peer alike (compare the ratios, not absolute figures across runs).
 
-    python -m bench.serving.task_heads [--seconds 20] [--concurrency 8]
+    python -m bench.serving.task_heads [--seconds 8] [--rounds 3] [--concurrency 8] [--dtypes float32 int8]
 
 Each client sends one input per request, as a chat front end or an indexing job does; the service batches the
 concurrent requests, the peer runs them one at a time.
@@ -14,7 +16,7 @@ import argparse
 import asyncio
 import json
 import shutil
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +52,35 @@ def make_checkpoints(encoder: Path, into: Path) -> tuple[Path, Path]:
     return made[0], made[1]
 
 
+def per_window_ms(qa: Path, tokens: int = 310, repeats: int = 6) -> dict:
+    """One window's cost in this process, one thread, best of `repeats`: our engine alone and three batched,
+    against transformers' BertForQuestionAnswering (what batching can buy for long inputs on a CPU)."""
+    from model import load_checkpoint
+    from service.engine.engine import Engine
+    from service.engine.precision import choose, prepare_model
+    from service.tasks import QaItem
+
+    torch.set_num_threads(1)
+    checkpoint = load_checkpoint(qa)
+    engine = Engine(prepare_model(checkpoint.model, choose("float32", torch.device("cpu")), checkpoint.tokenizer),
+                    torch.device("cpu"), torch.float32)
+    ids = [checkpoint.tokenizer.cls_id] + [2000 + i % 500 for i in range(tokens - 2)] + [checkpoint.tokenizer.sep_id]
+    item = QaItem(ids, [0] * 10 + [1] * (tokens - 10))
+    reference = transformers.BertForQuestionAnswering.from_pretrained(qa).eval()
+    inputs = {"input_ids": torch.tensor([ids]), "token_type_ids": torch.tensor([item.token_type_ids])}
+    runs = {"ours": (lambda: engine.run(engine.collate([item])), 1),
+            "ours_3_batched": (lambda: engine.run(engine.collate([item] * 3)), 3),
+            "transformers": (lambda: reference(**inputs), 1)}
+    best = {name: float("inf") for name in runs}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for name, (run, count) in runs.items():
+                started = time.perf_counter()
+                run()
+                best[name] = min(best[name], (time.perf_counter() - started) / count * 1000)
+    return {f"window_{tokens}_ms_{name}": value for name, value in best.items()}
+
+
 async def measure(url: str, route: str, bodies: list[dict], seconds: float, concurrency: int) -> float:
     done = 0
     deadline = time.perf_counter() + seconds
@@ -69,7 +100,8 @@ async def measure(url: str, route: str, bodies: list[dict], seconds: float, conc
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--seconds", type=float, default=8, help="each system's turn, per round")
+    parser.add_argument("--rounds", type=int, default=3, help="turns per system; the median is reported")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"],
                         help="the service's precisions (the peer runs float32)")
@@ -83,27 +115,34 @@ def main() -> None:
     ner_bodies = [{"inputs": s, "aggregation_strategy": "simple"} for s in SENTENCES]
     qa_bodies = [{"inputs": {"question": q, "context": context}}
                  for q in ("where does the river rise ?", "what did the mill grind ?")]
-    figures = {"context_tokens": tokens}
+    figures: dict = {"context_tokens": tokens, "rounds": args.rounds}
+    servers = {}  # every system up at once, measured in turns: a shared CPU's drift falls on all of them alike
     try:
-        systems = [(f"service_{dtype}", dtype) for dtype in args.dtypes] + [("peer", None)]
-        for name, dtype in systems:
-            for task, checkpoint, route, bodies in (("token_classification", ner, "/token-classification", ner_bodies),
-                                                    ("question_answering", qa, "/question-answering", qa_bodies)):
-                if dtype is not None:
-                    process, url = start_service(checkpoint, "--dtype", dtype)
-                else:
-                    port = free_port()
-                    url = f"http://127.0.0.1:{port}"
-                    process = start([sys.executable, "-m", "bench.serving.task_peer", str(ner), str(qa), str(port)], url)
-                try:
-                    asyncio.run(measure(url, route, bodies, 3, args.concurrency))  # warm up
-                    figures[f"{name}_{task}_per_s"] = asyncio.run(measure(url, route, bodies, args.seconds,
-                                                                          args.concurrency))
-                finally:
-                    process.terminate()
-                    process.wait(timeout=60)
+        for dtype in args.dtypes:
+            for task, checkpoint in (("token_classification", ner), ("question_answering", qa)):
+                servers[f"service_{dtype}", task] = start_service(checkpoint, "--dtype", dtype)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        peer = start([sys.executable, "-m", "bench.serving.task_peer", str(ner), str(qa), str(port)], url)
+        for task in ("token_classification", "question_answering"):
+            servers["peer", task] = (peer, url)
+        routes = {"token_classification": ("/token-classification", ner_bodies),
+                  "question_answering": ("/question-answering", qa_bodies)}
+        rates: dict = {key: [] for key in servers}
+        for (name, task), (_, url) in servers.items():
+            asyncio.run(measure(url, routes[task][0], routes[task][1], 2, args.concurrency))  # warm up
+        for _ in range(args.rounds):
+            for (name, task), (_, url) in servers.items():
+                route, bodies = routes[task]
+                rates[name, task].append(asyncio.run(measure(url, route, bodies, args.seconds, args.concurrency)))
+        figures.update(per_window_ms(qa))
     finally:
+        for process, _ in set(servers.values()):
+            process.terminate()
+            process.wait(timeout=60)
         shutil.rmtree(work, ignore_errors=True)
+    for (name, task), values in rates.items():
+        figures[f"{name}_{task}_per_s"] = statistics.median(values)
     for dtype in args.dtypes:
         for task in ("token_classification", "question_answering"):
             figures[f"{task}_{dtype}_vs_peer"] = figures[f"service_{dtype}_{task}_per_s"] / figures[f"peer_{task}_per_s"]
