@@ -5,17 +5,27 @@ texts batched together answer as each alone; bad input gets a 4xx naming the pro
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 import transformers
 
 from tests.service.conftest import serving
 
 pytestmark = pytest.mark.anyio
+# The last text's combining accents and ligature change length in the normalizer, which is how the pipeline tells a
+# word's first piece from the others.
 TEXTS = ["Ada Lovelace lived in London with Charles Babbage .",
          "Zoë Saldaña visited Zürich, Malmö and São Paulo in 2019 .",
          "東京 is the capital of 日本 , said 李明 🙂 today !",
-         "Unbelievably, the counterrevolutionaries reorganized everything overnight ."]
+         "Unbelievably, the counterrevolutionaries reorganized everything overnight .",
+         "The Cafe\u0301 of Zoe\u0308 in Ko\u0308ln , naïve but ﬁne , by E\u0301cole and A\u0301lvaro in O\u0308sterreich ."]
 LONG = " ".join(["The river flows past the old mill towards the harbour where Marie waited ."] * 14)
+
+
+def plain(text: str) -> str:
+    """Text as an uncased BERT vocabulary spells it: lower case, accents and ligatures taken apart."""
+    return "".join(c for c in unicodedata.normalize("NFKD", text.lower()) if not unicodedata.combining(c))
 
 
 def pipeline(directory):
@@ -53,8 +63,7 @@ async def test_offsets_point_at_the_text(tiny_token_classifier):
         assert entities, text
         for entity in entities:
             source = text[entity["start"] : entity["end"]]
-            word = entity["word"].removeprefix("##")
-            assert source == word or source.lower() == word or len(source) == len(word), (text, entity)
+            assert plain(source) == plain(entity["word"].removeprefix("##")), (text, entity)
         assert "🙂" not in text or any(text[e["start"] : e["end"]] == "🙂" for e in entities)
 
 
