@@ -115,4 +115,5 @@ class SpanLogits:
     end: np.ndarray  # (L,) float32: ... of ending it
 
 
-Result = TokenVectors | PooledVector | FillMaskScores | NspLogits | ClassLogits | SparseVector | TokenLogits | SpanLogits
+Result = (TokenVectors | PooledVector | FillMaskScores | NspLogits | ClassLogits | SparseVector | TokenLogits
+          | SpanLogits)

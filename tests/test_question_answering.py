@@ -19,7 +19,8 @@ from tests.service.conftest import serving
 pytestmark = pytest.mark.anyio
 REFERENCE_PYTHON = Path(os.environ.get("BERT_QA_REFERENCE_PYTHON", REPO_ROOT / ".venv-qa-reference" / "bin" / "python"))
 CONTEXT = "Ada Lovelace lived in London with her mother , and she wrote the first published program in 1843 ."
-UNICODE = "Zoë Saldaña flew from Zürich to 東京 in 2019 🙂 , then counterrevolutionaries reorganized São Paulo ."
+UNICODE = ("Zoë Saldaña flew from Zürich to 東京 in 2019 🙂 , then Ko\u0308ln's counterrevolutionaries met in "
+           "São Paulo .")
 LONG = " ".join(f"In {1800 + n} the mill by the river ground {n} sacks of wheat for the village of Marlow ."
                 for n in range(18))
 CASES = [

@@ -145,7 +145,8 @@ def main() -> None:
         figures[f"{name}_{task}_per_s"] = statistics.median(values)
     for dtype in args.dtypes:
         for task in ("token_classification", "question_answering"):
-            figures[f"{task}_{dtype}_vs_peer"] = figures[f"service_{dtype}_{task}_per_s"] / figures[f"peer_{task}_per_s"]
+            ours, theirs = figures[f"service_{dtype}_{task}_per_s"], figures[f"peer_{task}_per_s"]
+            figures[f"{task}_{dtype}_vs_peer"] = ours / theirs
     print(json.dumps(figures, indent=2))
 
 

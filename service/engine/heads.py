@@ -63,8 +63,7 @@ def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.T
                   _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits),
                   _sparse(model, items, hidden, starts), _per_token(items, hidden, starts, TokenClassifyItem,
                                                                     model.classifier, TokenLogits),
-                  _per_token(items, hidden, starts, QaItem, model.qa_outputs,
-                                                      lambda logits: SpanLogits(logits[:, 0].copy(), logits[:, 1].copy()))]
+                  _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits)]
     return [collect for collect in found if collect is not None]
 
 
@@ -161,6 +160,11 @@ def _sparse(model: BertForPreTraining, items: list[Item], hidden: torch.Tensor, 
         for row, value in found.items():
             results[row] = value
     return collect
+
+
+def _span_logits(logits: np.ndarray) -> SpanLogits:
+    """(L, 2) question-answering logits -> their start and end columns, each its own (L,) array."""
+    return SpanLogits(logits[:, 0].copy(), logits[:, 1].copy())
 
 
 def _per_token(items: list[Item], hidden: torch.Tensor, starts: list[int], kind: type,

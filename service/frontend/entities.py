@@ -73,7 +73,8 @@ def _word_entity(pieces: list[Piece], strategy: str, labels: tuple[str, ...], to
     else:
         scores = np.nanmean(np.stack([p.scores for p in pieces]), axis=0)
     best = int(scores.argmax())
-    return {"entity": labels[best], "score": float(scores[best]), "word": tokenizer.join_tokens([p.word for p in pieces]),
+    return {"entity": labels[best], "score": float(scores[best]),
+            "word": tokenizer.join_tokens([p.word for p in pieces]),
             "start": pieces[0].start, "end": pieces[-1].end}
 
 

@@ -130,7 +130,8 @@ class Runtime:
         self.checkpoint, self.facts = checkpoint, facts
         self.frontdoor = FrontDoor(checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s,
                                    facts.has_mlm_head, facts.has_nsp_head, checkpoint.config.hidden_size,
-                                   facts.num_labels, reads_pairs(checkpoint, s.classifier_pairs) and facts.num_labels > 0,
+                                   facts.num_labels,
+                                   reads_pairs(checkpoint, s.classifier_pairs) and facts.num_labels > 0,
                                    facts.num_token_labels, facts.has_qa_head)
         self.lifecycle.ready()
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, facts.device, facts.dtype,

@@ -19,7 +19,8 @@ TEXTS = ["Ada Lovelace lived in London with Charles Babbage .",
          "Zoë Saldaña visited Zürich, Malmö and São Paulo in 2019 .",
          "東京 is the capital of 日本 , said 李明 🙂 today !",
          "Unbelievably, the counterrevolutionaries reorganized everything overnight .",
-         "The Cafe\u0301 of Zoe\u0308 in Ko\u0308ln , naïve but ﬁne , by E\u0301cole and A\u0301lvaro in O\u0308sterreich ."]
+         "The Cafe\u0301 of Zoe\u0308 in Ko\u0308ln , naïve but ﬁne , by E\u0301cole and A\u0301lvaro in "
+         "O\u0308sterreich ."]
 LONG = " ".join(["The river flows past the old mill towards the harbour where Marie waited ."] * 14)
 
 
