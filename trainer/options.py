@@ -82,6 +82,9 @@ class TrainOptions:
     eval_every: int = option(200, "Evaluate every N steps (and always at the end).")
     eval_examples: int = option(1024, "Held-out pairs used per evaluation (fixed pairs and masks).")
     save_every: int = option(500, "Write a resumable checkpoint every N steps (and at the end, and on SIGINT/SIGTERM).")
+    save_every_minutes: float = option(0.0, "Also write a resumable checkpoint when this many minutes of wall-clock "
+                                       "have passed since the last (0: by steps only). For runs on a lent machine "
+                                       "that may end at any moment; each save costs the checkpoint's write.")
     keep_checkpoints: int = option(2, "Resumable checkpoints kept under OUTPUT/checkpoints.")
     log_every: int = option(10, "Log training metrics to metrics.jsonl every N steps.")
     seed: int = option(0, "Seed for weights, pairs, masks and dropout; CPU runs are reproducible.")
