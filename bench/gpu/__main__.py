@@ -249,9 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=None,
                         help="run only these steps, in this order, e.g. a second look at serving on a lease too "
                              "short for all (default: all but training_profile; the dry run: all)")
-    parser.add_argument("--budget-minutes", type=float, default=BUDGET_MINUTES,
+    parser.add_argument("--budget-minutes", type=float, default=None,
                         help="by default, steps beside the asked-for figures (%s) are left out when they would end "
-                             "past this many minutes from the start" % ", ".join(WITHIN_BUDGET))
+                             "past this many minutes from the start (default %g; the dry run: 60, so that it runs "
+                             "every step on a slow CPU)" % (", ".join(WITHIN_BUDGET), BUDGET_MINUTES))
     parser.add_argument("--systems", nargs="+", default=None,
                         help="what the serving steps measure (default: service service:float32@64x8 naive@64x8; "
                              "@LOADS: only at those, as bench.serving takes them)")
@@ -263,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.judge:
         return judge(args.judge)
     optional = {} if args.steps else WITHIN_BUDGET  # what was asked for by name always runs
+    if args.budget_minutes is None:
+        args.budget_minutes = 60.0 if args.dry_run else BUDGET_MINUTES
     args.steps = args.steps or list(STEPS if args.dry_run else DEFAULT_STEPS)
     ensure_packages(argv)
     import torch
