@@ -66,8 +66,8 @@ def missing() -> list[str]:
         [p for p in NEEDED_PROGRAMS if program(p) is None]
 
 
-def ensure_packages(argv: list[str], module: str = "bench.gpu") -> None:
-    """Return when everything is importable; else install .whl/gpu into SITE and re-run `python -m MODULE
+def ensure_packages(argv: list[str]) -> None:
+    """Return when everything is importable; else install .whl/gpu into SITE and re-run `python -m bench.gpu
     argv` with PYTHONPATH (and PATH) pointing there. Exits with a message naming what to do when it cannot."""
     absent = missing()
     if not absent:
@@ -92,4 +92,4 @@ def ensure_packages(argv: list[str], module: str = "bench.gpu") -> None:
     env = {**os.environ, MARK: str(SITE),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
            "PATH": os.pathsep.join(filter(None, [str(SITE / "bin"), os.environ.get("PATH")]))}
-    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", "bench.gpu", *argv], env)

@@ -121,10 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("trainer_args", nargs="*", help="more trainer flags, after --, e.g. -- --batch-size 512")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    if not args.dry_run:
-        from bench.gpu.env import ensure_packages
-
-        ensure_packages(argv, module="bench.gpu.train_bundled")
+    # Nothing to install: the trainer on a prepared corpus needs only what a GPU machine's Python has (torch, numpy,
+    # tokenizers, safetensors, matplotlib), so no wheels need travel beside the corpus.
     started = time.monotonic()
     if not (args.corpus / "prepared.json").is_file():
         print(f"error: {args.corpus} is no prepared corpus; run `make gpu-corpus` first", file=sys.stderr)

@@ -366,3 +366,27 @@ def test_start_up_reports_live_and_fallen_back_graphs(static_path, monkeypatch, 
         assert 'bert_cuda_graph_live{graph="128x8"} 0.0' in metrics.render().decode()
     finally:
         loaded.batcher.stop()
+
+
+def test_the_gpu_tests_fill_mask_comparison_on_the_cpu(static_path):
+    """tests/gpu's comparison of fill-mask (the bundled model's best token on its confident cloze answers), run here
+    through the stand-in graphs: it passes on batches replayed and launched ahead, and fails on a batch read late."""
+    from model.checkpoint import load_checkpoint
+    from tests.gpu.confident import CHECKPOINT, assert_same_fill_mask, cloze_items
+
+    checkpoint = load_checkpoint(CHECKPOINT)
+    engine = Engine(checkpoint.model, torch.device("cpu"), torch.float32)
+    batches = [cloze_items(checkpoint.tokenizer, copies) for copies in (2, 1)]
+    eager = [engine.run(engine.collate(items)) for items in batches]
+    static_path(engine, most_tokens=1024, slots=128)
+    launched = [engine.launch(engine.collate(items)) for items in batches]
+    for expected, handle in zip(eager, launched, strict=True):
+        assert assert_same_fill_mask(expected, engine.finish(handle)) >= 10
+
+    late = LateReader(checkpoint.model, torch.device("cpu"), torch.float32)
+    static_path(late, most_tokens=1024, slots=128)
+    same_bucket = [cloze_items(checkpoint.tokenizer)[::-1], cloze_items(checkpoint.tokenizer)]  # one bucket, two orders
+    expected = engine.run(engine.collate(same_bucket[0]))
+    handles = [late.launch(late.collate(items)) for items in same_bucket]
+    with pytest.raises(AssertionError):
+        assert_same_fill_mask(expected, late.finish(handles[0]))
