@@ -184,7 +184,8 @@ class Training:
         last_save = time.perf_counter()  # --save-every-minutes counts from here
         last_eval: dict | None = None
         batches = BatchStream(self.pairs, progress.step, progress.cursors, options, self.data, self.replace,
-                              ahead=self.placement.device.type == "cuda", fixed_shapes=self.cuda_graphs)
+                              ahead=self.placement.device.type == "cuda", fixed_shapes=self.cuda_graphs,
+                              workers=options.batch_workers)
         try:
             while run_progress(progress, options) < 1.0:
                 step_start = time.perf_counter()
@@ -221,7 +222,8 @@ class Training:
                 if self.placement.is_writer and (progress.step % options.eval_every == 0 or done):
                     last_eval = evaluate(self.model, self.eval_set, self.placement.device)
                     self.files.log({"step": progress.step, "eval": last_eval})
-                due = options.save_every_minutes > 0 and time.perf_counter() - last_save >= 60 * options.save_every_minutes
+                due = options.save_every_minutes > 0 and \
+                    time.perf_counter() - last_save >= 60 * options.save_every_minutes
                 if (progress.step % options.save_every == 0 or self._agreed(due)) and not done:
                     self._save_resumable()
                     last_save = time.perf_counter()

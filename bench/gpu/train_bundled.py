@@ -7,8 +7,8 @@ On a GPU machine without network, after the acceptance run or alone, within abou
 
 1. `python -m trainer` on the prepared corpus (token ids: nothing to split or tokenize on the host), warm-started from
    checkpoints/minilm-wikipedia, `--minutes` of training steps (5 by default), a resumable checkpoint every minute
-   (`--save-every-minutes 1`), bfloat16 autocast, the step compiled and replayed as CUDA graphs, batches of 1024 pairs of
-   128 tokens (RECIPE: the reasons are beside each flag);
+   (`--save-every-minutes 1`), bfloat16 autocast, the step compiled and replayed as CUDA graphs, batches of 1024
+   pairs of 128 tokens (RECIPE: the reasons are beside each flag);
 2. past `--deadline-minutes` (8) the trainer is stopped (SIGTERM: it saves where it is) so that something comes back;
 3. the final checkpoint (or, if the run was stopped, the newest resumable one, weights cast to float16) is packed into
    OUT in parts of at most 16 MiB with a manifest of sha256 hashes (bench.gpu.parts), beside `train-summary.json`
@@ -40,18 +40,21 @@ TARGET_TOKENS_PER_S = 1_000_000  # issue #53: the bundled shape on an H200, for 
 
 # `make train-default`'s recipe (the warm start's, docs/model-making.md), changed where a GPU's minutes differ from a
 # CPU's hours: 1024 pairs a step, not 32 (131k tokens: a step costs the device ~0.1 s at 1M tokens/s, so the host's
-# launches and the batch building are small beside it), the learning rate raised with it (a warm start: well below
-# the sqrt rule's 3.4e-3), no frozen-encoder steps (the heads are trained already), dropout 0.1 (the slice is seen
-# ~15 times in 5 minutes: 300M tokens of a 20M-token slice).
-RECIPE = ["--batch-size", "1024", "--max-seq-len", "128", "--lr", "1e-3", "--warmup-fraction", "0.05",
-          "--mask-rate", "0.2", "--dropout", "0.1", "--preserve-embeddings", "100", "--preserve-over", "clean",
+# launches are small beside it), the learning rate raised with it (a warm start: well below the sqrt rule's
+# 3.4e-3), no frozen-encoder steps (the heads are trained already), dropout 0.1 (the slice is seen
+# many times over: 300M tokens of a 6M-token slice), two processes building the batches (one builds ~0.4-1M tokens/s
+# of them on this project's CPU, measured under load: docs/gpu.md).
+RECIPE = ["--batch-workers", "2", "--batch-size", "1024", "--max-seq-len", "128", "--lr", "1e-3",
+          "--warmup-fraction", "0.05", "--mask-rate", "0.2", "--dropout", "0.1", "--preserve-embeddings", "100",
+          "--preserve-over", "clean",
           "--encoder-lr-scale", "0.1", "--precision", "bfloat16", "--compile", "--save-dtype", "float16"]
 DRY_RECIPE = ["--batch-size", "8", "--max-seq-len", "64", "--lr", "1e-4", "--mask-rate", "0.2", "--dropout", "0",
               "--preserve-embeddings", "100", "--preserve-over", "clean", "--precision", "float32",
               "--save-dtype", "float16", "--eval-examples", "16"]
 
 
-def trainer_command(corpus: Path, output: Path, cache: Path, minutes: float, dry_run: bool, extra: list[str]) -> list[str]:
+def trainer_command(corpus: Path, output: Path, cache: Path, minutes: float, dry_run: bool,
+                    extra: list[str]) -> list[str]:
     length = ["--max-steps", "4"] if dry_run else ["--time-budget", str(minutes)]
     return [sys.executable, "-m", "trainer", "--corpus", str(corpus), "--init-from", str(WARM_START),
             "--output", str(output), "--cache-dir", str(cache), *length, "--save-every", "1000000",

@@ -45,7 +45,8 @@ def check_items(engine, lengths: list[int], whole_stack: bool, seed: int) -> lis
     scored = np.linspace(5, vocab - 1, SCORED_TOKENS, dtype=np.int64).tolist()
     kinds = ["encode"]
     if whole_stack:
-        kinds += ["fill_mask"] * engine.has_mlm_head + ["nsp"] * engine.has_nsp_head + ["classify"] * bool(engine.num_labels)
+        kinds += ["fill_mask"] * engine.has_mlm_head + ["nsp"] * engine.has_nsp_head
+        kinds += ["classify"] * bool(engine.num_labels)
     items: list[Item] = []
     for n, length in enumerate(lengths):
         ids = generator.integers(5, vocab, length).tolist()

@@ -62,7 +62,8 @@ def spoil(summary: dict, how: str) -> None:
         summary["training"] = {"bert-base": {"error": "boom"}}
 
 
-CASES = {"service 64x8 vs limit": "bundled model: service at 64x8", "service 64x1 vs limit": "BERT-base shape: service at 64x1",
+CASES = {"service 64x8 vs limit": "bundled model: service at 64x8",
+         "service 64x1 vs limit": "BERT-base shape: service at 64x1",
          "vs naive": "vs naive", "bfloat16 vs float32": "BERT-base shape: bfloat16 vs float32",
          "graphs vs eager": "CUDA graphs vs eager at 64x1", "mfu": "trainer MFU", "a test skipped": "GPU-marked tests",
          "nothing collected": "GPU-marked tests", "a row missing": "bundled model: bfloat16 vs float32",
