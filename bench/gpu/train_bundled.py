@@ -42,9 +42,9 @@ TARGET_TOKENS_PER_S = 1_000_000  # issue #53: the bundled shape on an H200, for 
 # CPU's hours: 1024 pairs a step, not 32 (131k tokens: a step costs the device ~0.1 s at 1M tokens/s, so the host's
 # launches are small beside it), the learning rate raised with it (a warm start: well below the sqrt rule's
 # 3.4e-3), no frozen-encoder steps (the heads are trained already), dropout 0.1 (the slice is seen
-# many times over: 300M tokens of a 6M-token slice), two processes building the batches (one builds ~0.4-1M tokens/s
-# of them on this project's CPU, measured under load: docs/gpu.md).
-RECIPE = ["--batch-workers", "2", "--batch-size", "1024", "--max-seq-len", "128", "--lr", "1e-3",
+# many times over: 300M tokens of a 6M-token slice), three processes building the batches (one built 0.7M tokens/s of
+# them on this project's CPU, three 1.0M: `python -m bench.gpu.batch_cost`, docs/gpu.md).
+RECIPE = ["--batch-workers", "3", "--batch-size", "1024", "--max-seq-len", "128", "--lr", "1e-3",
           "--warmup-fraction", "0.05", "--mask-rate", "0.2", "--dropout", "0.1", "--preserve-embeddings", "100",
           "--preserve-over", "clean",
           "--encoder-lr-scale", "0.1", "--precision", "bfloat16", "--compile", "--save-dtype", "float16"]
