@@ -85,6 +85,10 @@ def test_steps_beside_the_asked_for_figures_wait_for_the_budget(budget_minutes, 
     report = (tmp_path / "gpu-summary.md").read_text()
     assert ("left out, to end within the budget" in report) == bool(left_out)
     assert "Cut short" not in report  # the summary written after each step is replaced by the whole one
+    assert "targets met" in report and "shown, not enforced" in report  # the dry run's verdicts: a CPU's figures
+    # the stand-in tests all passed; the stand-in steps measured nothing: every other target is "not measured"
+    assert [v["met"] for v in summary["verdicts"]] == [True] + [False] * 10
+    assert {v["note"] for v in summary["verdicts"][1:]} == {"not measured"}
     ran.clear()  # named with --steps, a step runs whatever the budget
     assert gpu_main.main([*argv, "--steps", "training_no_graphs"]) == 0
     assert ran == [gpu_steps.WITHOUT_GRAPHS]
