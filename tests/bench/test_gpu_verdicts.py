@@ -99,3 +99,18 @@ def test_judge_a_stored_summary(tmp_path, capsys):
     assert gpu_main.main(["--judge", str(good)]) == 0 and "11 of 11 targets met" in capsys.readouterr().out
     assert gpu_main.main(["--judge", str(bad)]) == 1
     assert "MISSED" in capsys.readouterr().out
+
+
+def test_a_run_of_some_steps_is_judged_on_what_it_measured():
+    """`--steps serving` (a second look): the targets it did not measure are shown as such, not failed; a target it
+    measured and missed still fails."""
+    summary = copy.deepcopy(passing())
+    del summary["training"], summary["gpu_tests"]
+    summary["some_steps"] = True
+    summary["verdicts"] = verdicts(summary)
+    assert sum(not v["met"] for v in summary["verdicts"]) == 2 and gpu_main.failed(summary) == []
+    spoil(summary, "graphs vs eager")
+    summary["verdicts"] = verdicts(summary)
+    assert gpu_main.failed(summary) == ["target: bundled model: CUDA graphs vs eager at 64x1"]
+    summary["some_steps"] = False  # the whole run: what it did not measure fails too
+    assert len(gpu_main.failed(summary)) == 3
