@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="every step on the CPU, small sizes (for the tests)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "gpu")
     parser.add_argument("--duration", type=float, default=None,
-                        help="seconds per serving row (default 3; 1 in the dry run)")
+                        help="seconds per serving row (default 2; 1 in the dry run)")
     parser.add_argument("--service-args", default="",
                         help="more flags for the service, e.g. '--workers 4' (default: none: the service's default)")
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=None,
@@ -282,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device; use --dry-run to exercise the same steps on the CPU", file=sys.stderr)
         return 2
     device = "cpu" if args.dry_run else "cuda"
-    # 3 s a row: ten thousand sentences and more at the service's rates on a GPU (a server's first row also warms up
-    # for a second). At 4 s, the last runs' step times put the run with today's steps past its 8 minutes.
-    duration = args.duration or (1.0 if args.dry_run else 3.0)
+    # 2 s a row: thousands of sentences at the service's rates on a GPU (a server's first row also warms up for a
+    # second); 3 s put the run past the 6 minutes it has.
+    duration = args.duration or (1.0 if args.dry_run else 2.0)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as scratch:
