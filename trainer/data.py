@@ -16,6 +16,7 @@ from model.tokenizer import WordPieceTokenizer
 from trainer.corpus import CorpusError, checksum, corpus_files
 from trainer.download import REMOTE_CORPORA, fetch
 from trainer.options import TrainOptions
+from trainer.prepared import is_prepared, load_prepared
 from trainer.sentences import write_sentence_file
 from trainer.tokens import TokenizedCorpus, build_token_cache, sample_sentences
 
@@ -76,6 +77,8 @@ def sentence_file(path: Path, options: TrainOptions) -> tuple[Path, str]:
 
 
 def token_cache(path: Path, options: TrainOptions, tokenizer: WordPieceTokenizer) -> tuple[TokenizedCorpus, str]:
+    if is_prepared(path):  # token ids prepared elsewhere (trainer.prepared): nothing to split or tokenize
+        return load_prepared(path, tokenizer)
     sentences, corpus_sum = sentence_file(path, options)
     directory = options.cache_dir / "tokens" / f"v{PIPELINE_VERSION}-{corpus_sum}-{tokenizer.fingerprint()}"
     corpus = TokenizedCorpus.load(directory)

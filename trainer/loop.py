@@ -28,6 +28,7 @@ from trainer.data import PreparedData, prepare
 from trainer.evaluate import build_eval_set, evaluate
 from trainer.examples import TrainingPairs
 from trainer.gradient_step import GradientStep
+from trainer.step_fallback import EagerFallback
 from trainer.masking import replaceable_ids
 from trainer.optimizer import build_optimizer, lr_factor, restore_optimizer, run_progress, set_learning_rate
 from trainer.options import TrainOptions
@@ -141,7 +142,14 @@ class Training:
         self.replace = replaceable_ids(self.data.tokenizer, config.vocab_size)
         self.step = GradientStep(options, placement, self.wrapped, self.step_model, self.optimizer, self.encoder_params,
                                  self.teacher, self.autocast, self.data.tokenizer.sep_id, self.cuda_graphs)
+        self.files.compiled_step = {"compiled": options.compile, "cuda_graphs": self.cuda_graphs, "fell_back": None}
+        if options.compile:  # a compilation or capture that fails trains eagerly (trainer.step_fallback)
+            self.step = EagerFallback(self.step, self.wrapped, self._fell_back)
         self.flops_per_token = 3 * model_flops_per_token(config, options.max_seq_len, options.mask_rate)
+
+    def _fell_back(self, reason: str) -> None:
+        self.cuda_graphs = False  # no CUDA-graph counts to log from here on
+        self.files.compiled_step = {**self.files.compiled_step, "cuda_graphs": False, "fell_back": reason}
 
     def _prepare(self, tokenizer) -> PreparedData:
         # Rank 0 trains the tokenizer and fills the caches first; the others then read them.
@@ -173,9 +181,11 @@ class Training:
                              for s in (signal.SIGINT, signal.SIGTERM)}
         bar = self.files.progress_bar(options, progress, enabled=options.progress)
         window_tokens, window_start = 0, time.perf_counter()
+        last_save = time.perf_counter()  # --save-every-minutes counts from here
         last_eval: dict | None = None
         batches = BatchStream(self.pairs, progress.step, progress.cursors, options, self.data, self.replace,
-                              ahead=self.placement.device.type == "cuda", fixed_shapes=self.cuda_graphs)
+                              ahead=self.placement.device.type == "cuda", fixed_shapes=self.cuda_graphs,
+                              workers=options.batch_workers)
         try:
             while run_progress(progress, options) < 1.0:
                 step_start = time.perf_counter()
@@ -212,8 +222,11 @@ class Training:
                 if self.placement.is_writer and (progress.step % options.eval_every == 0 or done):
                     last_eval = evaluate(self.model, self.eval_set, self.placement.device)
                     self.files.log({"step": progress.step, "eval": last_eval})
-                if progress.step % options.save_every == 0 and not done:
+                due = options.save_every_minutes > 0 and \
+                    time.perf_counter() - last_save >= 60 * options.save_every_minutes
+                if (progress.step % options.save_every == 0 or self._agreed(due)) and not done:
                     self._save_resumable()
+                    last_save = time.perf_counter()
                 if stop_signal:
                     raise Interrupted(stop_signal[0])
         except Interrupted as interrupt:
@@ -234,6 +247,14 @@ class Training:
             self.files.finish(self.model, self.data, options, progress, self.placement.device, last_eval)
         self.placement.wait_for_all()
         return options.output
+
+    def _agreed(self, due: bool) -> bool:
+        """A time-based save: the writer's clock decides, every rank saves at the same step."""
+        if self.placement.world == 1:
+            return due
+        flag = torch.tensor([int(due)], device=self.placement.device)
+        torch.distributed.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def _save_resumable(self) -> None:
         if self.placement.is_writer:

@@ -51,6 +51,7 @@ class RunFiles:
         self.history: list[dict] = []
         self.started_from: dict | None = None  # see earlier_stage; set by start()
         self.warm_start: dict | None = None  # a foreign starting checkpoint (trainer.warm_start.describe_source)
+        self.compiled_step: dict | None = None  # --compile, CUDA graphs, and why the step fell back to eager (if it did)
         if is_writer:
             _check_writable(output)
 
@@ -96,6 +97,7 @@ class RunFiles:
             "eval": final_eval,
             "started_from": self.started_from,
             "warm_start": self.warm_start,
+            "compiled_step": self.compiled_step,
         }
 
     def save_resumable(self, model, optimizer, data, options, progress: Progress, device: torch.device) -> None:

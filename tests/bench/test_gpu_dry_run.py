@@ -56,7 +56,8 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         assert line in report, line
 
 
-@pytest.mark.parametrize("budget_minutes, left_out", [(0.0, ["training_no_graphs"]), (60.0, [])])
+@pytest.mark.parametrize("budget_minutes, left_out", [(0.0, ["py_spy", "kernels", "training_no_graphs"]),
+                                                     (60.0, [])])
 def test_steps_beside_the_asked_for_figures_wait_for_the_budget(budget_minutes, left_out, tmp_path, monkeypatch):
     """The steps themselves are stand-ins here (the dry run above runs the real ones): what is tested is which run."""
     from bench.gpu import __main__ as gpu_main
@@ -79,10 +80,15 @@ def test_steps_beside_the_asked_for_figures_wait_for_the_budget(budget_minutes, 
     summary = json.loads((tmp_path / "gpu-summary.json").read_text())
     assert summary.get("skipped", []) == left_out
     assert (gpu_steps.WITHOUT_GRAPHS in ran) == (not left_out) and gpu_steps.TRAINING_RUNS in ran
+    assert ("py_spy" in ran) == (not left_out)
     assert "training_profile" in ran and ran.count("serving") == 2  # the figures asked for run whatever the clock
     report = (tmp_path / "gpu-summary.md").read_text()
     assert ("left out, to end within the budget" in report) == bool(left_out)
     assert "Cut short" not in report  # the summary written after each step is replaced by the whole one
+    assert "targets met" in report and "shown, not enforced" in report  # the dry run's verdicts: a CPU's figures
+    # the stand-in tests all passed; the stand-in steps measured nothing: every other target is "not measured"
+    assert [v["met"] for v in summary["verdicts"]] == [True] + [False] * 10
+    assert {v["note"] for v in summary["verdicts"][1:]} == {"not measured"}
     ran.clear()  # named with --steps, a step runs whatever the budget
     assert gpu_main.main([*argv, "--steps", "training_no_graphs"]) == 0
     assert ran == [gpu_steps.WITHOUT_GRAPHS]

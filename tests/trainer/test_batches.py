@@ -41,13 +41,14 @@ def one_by_one(setting, first: int, cursors, count: int):
     return out
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["when-asked", "worker-process"])
-def test_the_stream_is_training_batch_step_after_step(setting, ahead):
+@pytest.mark.parametrize("ahead, workers", [(False, 1), (True, 1), (True, 3)],
+                         ids=["when-asked", "worker-process", "three-worker-processes"])
+def test_the_stream_is_training_batch_step_after_step(setting, ahead, workers):
     options, data, pairs, replace = setting
     # Not from the start: a resumed run starts at its step with its cursors.
     start = one_by_one(setting, 0, pairs.initial_cursors(), 3)[-1][2]
-    expected = one_by_one(setting, 3, start, 4)
-    stream = BatchStream(pairs, 3, start, options, data, replace, ahead=ahead)
+    expected = one_by_one(setting, 3, start, 7)  # more steps than workers: each worker builds two or three
+    stream = BatchStream(pairs, 3, start, options, data, replace, ahead=ahead, workers=workers)
     try:
         for offset, (batch, masked, cursors) in enumerate(expected):
             taken = stream.next(3 + offset)
