@@ -41,6 +41,16 @@ def test_every_measurement_is_in_the_report(quick_report):
     assert {(r["system"], r["tokens"]) for r in report["length"]} == {
         (s, n) for s in ("ours float32", "ours int8") for n in (16, 64)}
     assert report["machine"]["cores"] >= 1 and "bench.report" in report["machine"]["command"]
+    assert str(quick_report[0]) not in report["machine"]["command"]  # the --out folder by its name alone
+
+
+def test_the_report_command_names_no_machine_path(monkeypatch):
+    """BENCHMARKS.md quotes the command: a peer's executable inside the checkout appears relative to it."""
+    from bench.report.build import machine
+
+    monkeypatch.setattr(sys, "argv", ["build.py", "--write", "--infinity",
+                                      str(REPO_ROOT / ".venv-peers" / "bin" / "infinity_emb")])
+    assert machine()["command"] == "python -m bench.report --write --infinity .venv-peers/bin/infinity_emb"
 
 
 def test_plots_and_markdown(quick_report):
