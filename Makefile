@@ -140,8 +140,8 @@ retention-curve: $(DEV_STAMP)
 	$(BIN)/python -m bench.quality.retention_curve --work $(RUNS)/retention-curve $(ARGS)
 
 # The GPU path in one command (bench/gpu/): on a CUDA machine, offline, under 8 minutes. Fetch its wheels first,
-# on a machine with a network, for the GPU machine's Python (3.12 on the lent machines; GPU_PYTHON=3.11 for a check
-# on this machine's Python, python -m devkit.gpu_venv_check): under 64 MiB in .whl/gpu.
+# on a machine with a network, for the GPU machine's Python (3.12 by default; GPU_PYTHON=3.11 for a check
+# on this machine's Python, python -m devkit.gpu_venv_check): about 9 MiB in .whl/gpu (docs/gpu.md).
 GPU_PYTHON ?= 3.12
 gpu-wheels:
 	rm -rf .whl/gpu && mkdir -p .whl/gpu
