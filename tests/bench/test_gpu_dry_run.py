@@ -14,6 +14,7 @@ import pytest
 from devkit.paths import REPO_ROOT
 
 
+@pytest.mark.timeout(960)  # the subprocess's own limit (900 s), then the checks
 def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     result = subprocess.run([sys.executable, "-m", "bench.gpu", "--dry-run", "--out", str(tmp_path)], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=900)
@@ -92,6 +93,7 @@ def test_steps_beside_the_asked_for_figures_wait_for_the_budget(budget_minutes, 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1860)  # the subprocess's own limit (1800 s), then the checks
 def test_gpu_check_on_a_venv_shaped_python(tmp_path):
     """A venv with only torch & co, `make gpu-wheels` (PyPI), then the dry run offline (devkit.gpu_venv_check)."""
     result = subprocess.run([sys.executable, "-m", "devkit.gpu_venv_check", "--keep", str(tmp_path)], cwd=REPO_ROOT,

@@ -14,6 +14,10 @@ from bench.report.build import BEGIN, END, write_benchmarks
 from devkit.paths import REPO_ROOT
 
 
+# The quick report's subprocess has a limit of its own (900 s), spent in the first test's setup.
+pytestmark = pytest.mark.timeout(960)
+
+
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
