@@ -1,8 +1,8 @@
 """The engine side's start-up: checkpoint -> device, precision, engine, warm-up, batch budget, batcher.
 
-`load_engine(settings, metrics)` returns a `LoadedEngine` that computes; `link(loaded)` puts the front
-door's interface (`service.engine.link.LocalLink`) on its batcher. Blocking: it runs in a thread while
-the HTTP side already answers /health with 503.
+`load_engine(settings, metrics)` returns a `LoadedEngine` that computes and batches; the engine process
+(`service.engine.server`) or, in one process, `service.engine.link.LocalLink` puts the front ends' requests on
+its batcher. Blocking: it runs in a thread while the HTTP side already answers /health with 503.
 """
 
 from __future__ import annotations
