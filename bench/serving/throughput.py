@@ -68,7 +68,7 @@ class Row:
 
 
 def sentences(limit: int, fixed_length: int | None, tokenizer) -> list[str]:
-    from trainer.corpus import read_documents
+    from trainer.data.corpus import read_documents
 
     found = [s for d in read_documents(WIKITEXT_TEST) for s in d.sentences if len(s.split()) >= 4]
     if fixed_length is None:

@@ -27,9 +27,9 @@ import torch
 
 from bench.training.peer import PEER_RUN_FILE
 from devkit.paths import WIKITEXT_TEST, WIKITEXT_VALID
-from model.flops import model_flops_per_token
 from model.checkpoint import load_checkpoint, read_metadata
-from trainer.data import prepare
+from model.flops import model_flops_per_token
+from trainer.data.pipeline import prepare
 from trainer.evaluate import build_eval_set, evaluate
 from trainer.options import TrainOptions
 

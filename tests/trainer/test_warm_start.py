@@ -14,8 +14,8 @@ import transformers
 from tests.conftest import random_model
 from tests.trainer.conftest import encoder_directory, run, tiny_run_args
 from trainer.cli import main
+from trainer.forward import first_segments, mean_pooled, pretraining_logits
 from trainer.retention import retention_metrics
-from trainer.step import first_segments, mean_pooled, pretraining_logits
 
 VOCAB_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

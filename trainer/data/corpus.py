@@ -182,7 +182,7 @@ class SentenceSplitter:
 
 
 def documents(path: str | Path, split: SentenceSplitter | None = None) -> Iterator[Document]:
-    """Documents of sentences, split here in this process (`trainer.sentences` does it on every core)."""
+    """Documents of sentences, split here in this process (`trainer.data.sentences` does it on every core)."""
     split = split or SentenceSplitter()
     current: Document | None = None
     for paragraph in paragraphs(path):

@@ -3,7 +3,7 @@
 Sentence splitting is the slow part of preparing a corpus (pysbd manages about 30k words/s on one
 core of Wikipedia text), and it does not depend on the tokenizer, so it runs once per corpus and its
 result is kept: `<cache>/sentences/v<N>-<checksum>.txt`, one sentence a line, a blank line between
-documents. Tokenizers of any size are then trained and applied from that file (`trainer.tokens`).
+documents. Tokenizers of any size are then trained and applied from that file (`trainer.data.tokens`).
 
 Paragraphs are split one at a time (pysbd is much slower on a whole article passed as one string),
 in worker processes fed in chunks. At most a few chunks per worker are in flight, so memory stays
@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from model.cpu_cores import usable_cores
-from trainer.corpus import Paragraph, SentenceSplitter, paragraphs
+from trainer.data.corpus import Paragraph, SentenceSplitter, paragraphs
 
 log = logging.getLogger("trainer")
 CHUNK_PARAGRAPHS = 500
