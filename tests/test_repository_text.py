@@ -49,3 +49,33 @@ def test_the_pattern_catches_what_it_is_for():
         assert FORBIDDEN.search(text), text
     for text in ("GET /v1/embeddings", "a lent-out book", "../shared/data/wikitext-2", "~/.cache/bert-serve"):
         assert not FORBIDDEN.search(text), text
+
+
+def test_no_python_file_is_over_400_lines():
+    """Small files with one job each: past 400 lines a file holds more than one (split it by job)."""
+    long = []
+    for name in tracked_text_files():
+        path = REPO_ROOT / name
+        if name.endswith(".py") and path.is_file():
+            lines = path.read_text(encoding="utf-8").count("\n")
+            if lines > 400:
+                long.append(f"{name}: {lines} lines")
+    assert not long, long
+
+
+def test_only_the_benchmarks_tests_import_the_benchmarks():
+    """bench/ is not part of the product: a test elsewhere that imports it ties the product's tests to it."""
+    import ast
+
+    found = []
+    for name in tracked_text_files():
+        if not (name.startswith("tests/") and name.endswith(".py")) or name.startswith("tests/bench/"):
+            continue
+        path = REPO_ROOT / name
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            found += [f"{name}:{node.lineno}: {m}" for m in modules if m == "bench" or m.startswith("bench.")]
+    assert not found, found

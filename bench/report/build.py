@@ -40,7 +40,8 @@ import torch
 
 from bench.report import plots
 from bench.report.plots import onset_of_429s
-from bench.serving.throughput import count_tokens, measure_http, measure_limit, sentences, server_command
+from bench.serving.in_process_limit import measure_limit
+from bench.serving.throughput import count_tokens, measure_http, sentences, server_command
 from devkit.paths import REPO_ROOT, minilm_dir
 from devkit.server import free_port, start
 from model.provenance import portable_text
