@@ -52,12 +52,18 @@ $(DEPLOY_STAMP): requirements/deploy-tools.txt
 	$(DEPLOY_VENV)/bin/python -m pip --disable-pip-version-check install -q --require-hashes --no-deps -r requirements/deploy-tools.txt
 	rm -f $(DEPLOY_VENV)/.deploy-* && touch $@
 
-# The page tests drive Debian's Chromium; install it where this user may (CI runs as root). Without it
-# those tests are skipped, saying why.
+# The page tests drive Debian's Chromium. Where this user can install it (root with apt-get, as CI), `browser`
+# installs it (refreshing the package lists if the first try fails) and `make test` requires the page tests
+# (BERT_REQUIRE_BROWSER=1): a missing browser fails them. Elsewhere, without Chromium, they are skipped, saying why.
+CAN_INSTALL_BROWSER := $(shell [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && echo 1)
 browser:
-	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
-	  echo "chromium not installed: the browser tests will be skipped"
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	if [ "$(CAN_INSTALL_BROWSER)" = 1 ]; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } || \
+	  { echo "could not install chromium: make test requires the page tests here"; exit 1; }; \
+	else echo "chromium not installed and this user cannot install it: the page tests will be skipped"; fi
 
 serve: $(SERVE_STAMP)
 	$(BIN)/python -m service $(ARGS)
@@ -65,7 +71,8 @@ serve: $(SERVE_STAMP)
 TEST_ENV = BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_DEPLOY_BIN=$(DEPLOY_VENV)/bin
 
 test: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) browser
-	$(TEST_ENV) BERT_REQUIRE_CLIENTS=1 BERT_REQUIRE_DEPLOY_TOOLS=1 $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(TEST_ENV) BERT_REQUIRE_CLIENTS=1 BERT_REQUIRE_DEPLOY_TOOLS=1 BERT_REQUIRE_BROWSER=$(CAN_INSTALL_BROWSER) \
+	  $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -141,8 +148,8 @@ retention-curve: $(DEV_STAMP)
 	$(BIN)/python -m bench.quality.retention_curve --work $(RUNS)/retention-curve $(ARGS)
 
 # The GPU path in one command (bench/gpu/): on a CUDA machine, offline, under 8 minutes. Fetch its wheels first,
-# on a machine with a network, for the GPU machine's Python (3.12 on the lent machines; GPU_PYTHON=3.11 for a check
-# on this machine's Python, python -m devkit.gpu_venv_check): under 64 MiB in .whl/gpu.
+# on a machine with a network, for the GPU machine's Python (3.12 by default; GPU_PYTHON=3.11 for a check
+# on this machine's Python, python -m devkit.gpu_venv_check): about 9 MiB in .whl/gpu (docs/gpu.md).
 GPU_PYTHON ?= 3.12
 gpu-wheels:
 	rm -rf .whl/gpu && mkdir -p .whl/gpu
@@ -163,7 +170,7 @@ GPU_CORPUS_MIB ?= 14
 GPU_CORPUS := .data/gpu-corpus/wikipedia
 TRAVEL_LIMIT_BYTES := 67108864
 gpu-corpus: $(DEV_STAMP)
-	$(BIN)/python -m trainer.prepared --corpus $(WIKIPEDIA)/enwiki-2015-core.txt.xz \
+	$(BIN)/python -m trainer.data.prepared --corpus $(WIKIPEDIA)/enwiki-2015-core.txt.xz \
 	  --corpus $(WIKIPEDIA)/enwiki-2021-recent.txt.xz --init-from checkpoints/minilm-wikipedia --mib $(GPU_CORPUS_MIB) \
 	  --out $(GPU_CORPUS)
 	@tracked=$$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1); corpus=$$(du -sb $(GPU_CORPUS) | cut -f1); \

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from model.config import PRESETS
-from trainer.download import DEFAULT_CACHE
+from trainer.data.download import DEFAULT_CACHE
 
 
-# What --preserve-over may name (trainer.step.vector_inputs says what each embeds and averages).
+# What --preserve-over may name (trainer.forward.vector_inputs says what each embeds and averages).
 VECTOR_SOURCES = ("all", "unmasked", "clean")
 # How layers stacked for the heads start (trainer.warm_start.stack_head_layers).
 HEAD_LAYER_STARTS = ("identity", "copy")

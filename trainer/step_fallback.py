@@ -18,7 +18,7 @@ log = logging.getLogger("trainer")
 
 
 class EagerFallback:
-    """Wraps a `trainer.gradient_step.GradientStep` whose `step_model` is compiled; `eager` is the module it
+    """Wraps a `trainer.gradient_step.GradientStep` whose `forward_model` is compiled; `eager` is the module it
     compiled. `on_fallback(reason)` is told once, when the step turns eager."""
 
     def __init__(self, step, eager: torch.nn.Module, on_fallback: Callable[[str], None]):
@@ -26,7 +26,7 @@ class EagerFallback:
         self.reason: str | None = None
 
     def __call__(self, batch, masked, step_number: int):
-        if self.reason is not None or self.step.step_model is self.eager:
+        if self.reason is not None or self.step.forward_model is self.eager:
             return self.step(batch, masked, step_number)
         try:
             return self.step(batch, masked, step_number)
@@ -36,6 +36,6 @@ class EagerFallback:
             self.reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         log.warning("the compiled step failed at step %d (%s): training eagerly from here on", step_number, self.reason)
         self.step.optimizer.zero_grad(set_to_none=True)  # whatever the failed attempt accumulated
-        self.step.step_model, self.step.cuda_graphs = self.eager, False
+        self.step.forward_model, self.step.cuda_graphs = self.eager, False
         self.on_fallback(self.reason)
         return self.step(batch, masked, step_number)

@@ -41,6 +41,7 @@ from pathlib import Path
 from bench.gpu.env import ensure_packages, program
 from bench.gpu.verdicts import missed, verdict_lines, verdicts
 from devkit.paths import REPO_ROOT
+from model.provenance import portable
 
 MIN_TORCH = (2, 1)
 STEPS = ("gpu_tests", "serving", "serving_base", "py_spy", "kernels", "training", "training_no_graphs",
@@ -66,8 +67,8 @@ def environment(device: str) -> dict:
 
     from model.attention import varlen_attn
 
-    facts = {"python": platform.python_version(), "python_prefix": sys.prefix, "torch": torch.__version__,
-             "cuda": torch.version.cuda, "device": device, "host": platform.node(), "cpus": os.cpu_count(),
+    facts = {"python": platform.python_version(), "python_venv": sys.prefix != sys.base_prefix, "torch": torch.__version__,
+             "cuda": torch.version.cuda, "device": device, "cpus": os.cpu_count(),
              "varlen_attn": varlen_attn is not None, "py_spy": program("py-spy"),
              "service_workers": os.environ.get("BERT_WORKERS", "the service's default")}
     for name in ("transformers", "tokenizers", "safetensors", "httpx", "fastapi", "uvicorn", "zmq"):
@@ -334,11 +335,12 @@ def main(argv: list[str] | None = None) -> int:
             summary["step_seconds"][name] = round(time.perf_counter() - step_started, 1)
             print(f"bench.gpu: {name} done in {summary['step_seconds'][name]} s", file=sys.stderr, flush=True)
             # Each step's figures are on disk as soon as it ends, readable too: a run cut short by a lease keeps them.
-            partial = {**summary, "incomplete": True, "seconds": time.perf_counter() - started}
+            partial = portable({**summary, "incomplete": True, "seconds": time.perf_counter() - started})
             (args.out / "gpu-summary.json").write_text(json.dumps(partial, indent=1) + "\n")
             (args.out / "gpu-summary.md").write_text(markdown(partial))
     summary["seconds"] = time.perf_counter() - started
     summary["verdicts"] = verdicts(summary)
+    summary = portable(summary)  # the paths in it relative to the repository: the summary goes into docs/gpu-runs/
     (args.out / "gpu-summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (args.out / "gpu-summary.md").write_text(markdown(summary))
     print(markdown(summary))

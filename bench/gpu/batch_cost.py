@@ -1,6 +1,6 @@
 """The host's cost of the training batches, per token: can the input pipeline feed the GPU recipe's rate?
 
-Builds steps' batches as the trainer's worker processes do (trainer.batches.training_batch: pairs, collation, masks,
+Builds steps' batches as the trainer's worker processes do (trainer.data.batches.training_batch: pairs, collation, masks,
 fixed shapes for CUDA graphs) from a prepared corpus with the GPU recipe's sizes, on one core, and prints the seconds
 of each part and the tokens/s one worker (and n workers, each walking every step's pairs) can build.
 
@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args(argv)
 
-    from trainer.data import prepare
-    from trainer.examples import TrainingPairs, collate
-    from trainer.masking import in_slots, mask_tokens, replaceable_ids, slots_per_row
+    from trainer.data.pipeline import prepare
+    from trainer.data.examples import TrainingPairs, collate
+    from trainer.data.masking import in_slots, mask_tokens, replaceable_ids, slots_per_row
     from trainer.options import TrainOptions
     from trainer.state import Progress
 

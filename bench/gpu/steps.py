@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from bench.gpu.env import program
-from devkit.paths import REPO_ROOT, WIKITEXT_DIR
+from devkit.paths import REPO_ROOT, WIKITEXT_TEST, WIKITEXT_VALID
 from service.settings import DEFAULT_CHECKPOINT
 
 # What the service is measured at: clients x sentences per request, the loads the targets name (issue #53; 16 x 8
@@ -200,11 +200,10 @@ def kernel_profile(checkpoint: Path, device: str, dry_run: bool) -> dict:
 def training_corpora(work: Path, dry_run: bool) -> tuple[Path, Path]:
     """WikiText-2's validation split to train on and its test split to evaluate on; the dry run: their first
     articles only (the same steps in seconds)."""
-    corpus, held_out = WIKITEXT_DIR / "wiki.valid.tokens", WIKITEXT_DIR / "wiki.test.tokens"
+    corpus, held_out = WIKITEXT_VALID, WIKITEXT_TEST
     if dry_run:
         corpus, held_out = work / "train.tokens", work / "eval.tokens"
-        for source, target in ((WIKITEXT_DIR / "wiki.valid.tokens", corpus),
-                               (WIKITEXT_DIR / "wiki.test.tokens", held_out)):
+        for source, target in ((WIKITEXT_VALID, corpus), (WIKITEXT_TEST, held_out)):
             if not target.exists():
                 target.write_text("".join(source.read_text(encoding="utf-8").splitlines(keepends=True)[:120]))
     return corpus, held_out

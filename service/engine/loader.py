@@ -1,14 +1,13 @@
 """The engine side's start-up: checkpoint -> device, precision, engine, warm-up, batch budget, batcher.
 
-`load_engine(settings, metrics)` returns a `LoadedEngine` that computes; `link(loaded)` puts the front
-door's interface (`service.engine.link.LocalLink`) on its batcher. Blocking: it runs in a thread while
-the HTTP side already answers /health with 503.
+`load_engine(settings, metrics)` returns a `LoadedEngine` that computes and batches; the engine process
+(`service.engine.server`) or, in one process, `service.engine.link.LocalLink` puts the front ends' requests on
+its batcher. Blocking: it runs in a thread while the HTTP side already answers /health with 503.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import torch
 
 from model.attention import runs_varlen
 from model.checkpoint import Checkpoint, load_checkpoint
+from model.cpu_cores import usable_cores
 from model.device import keep_freed_memory, pick_device
 from service.engine.batch_size import batch_tokens_for_width, measure_batch_tokens
 from service.engine.batcher import Batcher, BatchPolicy
@@ -54,7 +54,7 @@ def plan_compute(concurrent_batches: int, device: torch.device) -> int:
     """How many batches run at once; on CPU, also splits torch's threads between them."""
     if device.type != "cpu":
         return concurrent_batches or 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()  # the container's CPU quota too: a pod limited to 4 cores on a 64-core node sees 64
     batches = concurrent_batches or (2 if cores >= 2 else 1)
     torch.set_num_threads(max(1, cores // batches))
     return batches

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.checkpoint import Checkpoint, load_checkpoint_files, with_labels
+from model.checkpoint_files import Checkpoint, load_checkpoint_files, with_labels
 from model.hub import ResolvedCheckpoint, resolve_checkpoint
 from service.errors import ServiceError
 from service.frontend.frontdoor import FrontDoor

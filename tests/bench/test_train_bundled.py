@@ -1,4 +1,4 @@
-"""The GPU training chain, on the CPU in seconds: a slice of Wikipedia prepared as token ids (trainer.prepared,
+"""The GPU training chain, on the CPU in seconds: a slice of Wikipedia prepared as token ids (trainer.data.prepared,
 `make gpu-corpus`), a few warm-started steps from it (bench.gpu.train_bundled --dry-run), the result packed in parts
 of at most 16 MiB with a manifest of hashes, joined and verified (bench.gpu.parts), and exported as a checkpoint."""
 
@@ -15,9 +15,9 @@ from bench.gpu import parts
 from bench.gpu.train_bundled import WARM_START
 from devkit.paths import REPO_ROOT, WIKIPEDIA_DIR
 from model.checkpoint import load_checkpoint
-from trainer.corpus import CorpusError
-from trainer.prepared import cache_bytes, fit, load_prepared
-from trainer.tokens import TokenizedCorpus
+from trainer.data.corpus import CorpusError
+from trainer.data.prepared import cache_bytes, fit, load_prepared
+from trainer.data.tokens import TokenizedCorpus
 
 pytestmark = pytest.mark.skipif(not (WIKIPEDIA_DIR / "enwiki-2021-recent.txt.xz").is_file(),
                                 reason="the Wikipedia corpus (../shared/data/wikipedia-en) is not here")
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not (WIKIPEDIA_DIR / "enwiki-2021-recent.txt.xz"
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-corpus") / "wikipedia"
-    result = subprocess.run([sys.executable, "-m", "trainer.prepared", "--corpus",
+    result = subprocess.run([sys.executable, "-m", "trainer.data.prepared", "--corpus",
                              str(WIKIPEDIA_DIR / "enwiki-2021-recent.txt.xz"), "--corpus",
                              str(WIKIPEDIA_DIR / "brown.txt.xz"), "--init-from", str(WARM_START), "--mib", "0.25",
                              "--out", str(out), "--workers", "1"], cwd=REPO_ROOT, capture_output=True, text=True,

@@ -29,7 +29,7 @@ class CaptureRefused(torch.nn.Module):
 def test_a_failing_compiled_step_trains_eagerly_and_says_so(tmp_path, small_corpus, small_eval_corpus, monkeypatch,
                                                              caplog):
     refused = []
-    monkeypatch.setattr(loop, "compile_step", lambda step, **kw: refused.append(CaptureRefused(step)) or refused[-1])
+    monkeypatch.setattr(loop, "compile_forward", lambda step, **kw: refused.append(CaptureRefused(step)) or refused[-1])
     output = tmp_path / "out"
     with caplog.at_level(logging.WARNING, logger="trainer"):
         assert main(tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{

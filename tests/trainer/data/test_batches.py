@@ -1,4 +1,4 @@
-"""trainer.batches.BatchStream: built ahead by a worker process (the GPU path) or when asked (the CPU path),
+"""trainer.data.batches.BatchStream: built ahead by a worker process (the GPU path) or when asked (the CPU path),
 the batches, masks and data cursors are those of calling training_batch step after step, from any step."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 
-from trainer.batches import BatchStream, training_batch
+from tests.trainer.conftest import tiny_run_args
 from trainer.cli import build_parser
-from trainer.data import prepare
-from trainer.examples import TrainingPairs
-from trainer.masking import NO_LABEL, replaceable_ids, slots_per_row
+from trainer.data.batches import BatchStream, training_batch
+from trainer.data.examples import TrainingPairs
+from trainer.data.masking import NO_LABEL, replaceable_ids, slots_per_row
+from trainer.data.pipeline import prepare
 from trainer.options import TrainOptions
 from trainer.state import Progress
-from tests.trainer.conftest import tiny_run_args
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,12 @@
 """A corpus prepared here and carried as token ids: `python -m trainer --corpus DIR` where DIR is a token cache
-(trainer.tokens' layout) with a `prepared.json` naming the tokenizer it was made with.
+(trainer.data.tokens' layout) with a `prepared.json` naming the tokenizer it was made with.
 
 Why: a GPU machine without network gets only what travels with the repository, within a size limit. The raw text
 of a slice of Wikipedia is twice the size of its token ids, and splitting and tokenizing it there would spend GPU
-minutes on the host. So a slice is cut and tokenized here, once, to fit a size (`python -m trainer.prepared`,
+minutes on the host. So a slice is cut and tokenized here, once, to fit a size (`python -m trainer.data.prepared`,
 `make gpu-corpus`), and the trainer reads it as it reads its own caches.
 
-    python -m trainer.prepared --corpus ../shared/data/wikipedia-en/enwiki-2015-core.txt.xz \\
+    python -m trainer.data.prepared --corpus ../shared/data/wikipedia-en/enwiki-2015-core.txt.xz \\
         --corpus ../shared/data/wikipedia-en/enwiki-2021-recent.txt.xz --init-from checkpoints/minilm-wikipedia \\
         --mib 48 --out .data/gpu-corpus/wikipedia
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.corpus import CorpusError
-from trainer.tokens import TokenizedCorpus, build_token_cache
+from trainer.data.corpus import CorpusError
+from trainer.data.tokens import TokenizedCorpus, build_token_cache
 
 MARKER = "prepared.json"
 TEXT_BYTES_PER_CACHE_BYTE = 2.0  # natural English text over its word-piece ids (uint16) and offsets, with a margin
@@ -120,7 +120,7 @@ def text_slice(corpora: list[Path], text_bytes: int, target: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.prepared", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trainer.data.prepared", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, action="append", required=True, help="text files to slice (repeatable)")
     parser.add_argument("--init-from", type=Path, required=True, help="the checkpoint whose tokenizer the run uses")
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from model.checkpoint import load_checkpoint
-    from trainer.sentences import write_sentence_file
+    from trainer.data.sentences import write_sentence_file
 
     started = time.perf_counter()
     tokenizer = load_checkpoint(args.init_from).tokenizer

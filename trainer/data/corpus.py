@@ -174,7 +174,7 @@ class SentenceSplitter:
     """Rule-based splitting (pysbd: abbreviations, decimals, initials, quotes), not just on ' . '."""
 
     def __init__(self) -> None:
-        import pysbd  # here: a run on a prepared corpus (trainer.prepared) splits nothing, and may lack pysbd
+        import pysbd  # here: a run on a prepared corpus (trainer.data.prepared) splits nothing, and may lack pysbd
 
         self._segmenter = pysbd.Segmenter(language="en", clean=False)
 
@@ -183,7 +183,7 @@ class SentenceSplitter:
 
 
 def documents(path: str | Path, split: SentenceSplitter | None = None) -> Iterator[Document]:
-    """Documents of sentences, split here in this process (`trainer.sentences` does it on every core)."""
+    """Documents of sentences, split here in this process (`trainer.data.sentences` does it on every core)."""
     split = split or SentenceSplitter()
     current: Document | None = None
     for paragraph in paragraphs(path):

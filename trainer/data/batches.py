@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from trainer.data import PreparedData
-from trainer.examples import PairBatch, TrainingPairs, collate
-from trainer.masking import MaskedBatch, in_slots, mask_tokens, slots_per_row
+from trainer.data.examples import PairBatch, TrainingPairs, collate
+from trainer.data.masking import MaskedBatch, in_slots, mask_tokens, slots_per_row
+from trainer.data.pipeline import PreparedData
 from trainer.options import TrainOptions
 from trainer.state import Progress
 
