@@ -77,7 +77,7 @@ def test_pairs_are_half_random_from_other_documents_and_fit(small_corpus, tokeni
         for s in corpus.document_sentences(doc):
             doc_of_token.setdefault(tuple(corpus.sentence(s)[:6].tolist()), doc)
     checked = 0
-    for p in pairs[:200]:
+    for p in pairs:  # all of them: the tokenizer's training is not deterministic, so a few hundred vary too much
         if p.is_random_next:
             a_doc = doc_of_token.get(tuple(p.segment_a[:6].tolist()))
             b_doc = doc_of_token.get(tuple(p.segment_b[:6].tolist()))
