@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.quality.cloze import read_probe
 from devkit.paths import REPO_ROOT
 from service.tasks import FillMaskItem
 
 CHECKPOINT = REPO_ROOT / "checkpoints" / "minilm-wikipedia"
+PROBE = REPO_ROOT / "bench" / "quality" / "data" / "cloze.tsv"  # read as data: the tests import no benchmark code
 CONFIDENT_RATIO = 2.0  # best token's probability over the second's
 CONFIDENT_FLOOR = 0.2  # ... and at least this probability
 TOP_K = 10
 SCORE_LOG_TOLERANCE = 0.1  # nats: the best token's probability, relative (bfloat16 logits, ~0.4% per product)
 
 
+def probe_sentences() -> list[str]:
+    """The probe's sentences (its first column; lines starting with '#' are comments)."""
+    lines = PROBE.read_text(encoding="utf-8").splitlines()
+    return [line.split("\t")[0] for line in lines if line and not line.startswith("#")]
+
+
 def cloze_items(tokenizer, copies: int = 1) -> list[FillMaskItem]:
     """One fill-mask item per probe sentence (`copies` times, so that a batch fills a larger graph)."""
-    texts = [sentence for sentence, _ in read_probe()]  # "[MASK]" is the tokenizer's own mask token
+    texts = probe_sentences()  # "[MASK]" is the tokenizer's own mask token
     items = []
     for encoded in tokenizer.encode_batch(texts * copies, truncate=True):
         ids = list(encoded.ids)
