@@ -7,10 +7,23 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
-# WikiText-2's validation and test splits (the held-out evaluation text); BERT_WIKITEXT_DIR overrides.
+# WikiText-2's validation and test splits (the held-out evaluation text) for benchmarks and training, from the
+# data folder beside the repository; BERT_WIKITEXT_DIR overrides. The test suite points it at its own slices
+# (tests/data/wikitext-2, a few hundred KB), so that a clone with nothing beside it passes.
 WIKITEXT_DIR = Path(os.environ.get("BERT_WIKITEXT_DIR", SHARED_DATA / "wikitext-2"))
-WIKITEXT_TEST = WIKITEXT_DIR / "wiki.test.tokens"
 WIKIPEDIA_DIR = SHARED_DATA / "wikipedia-en"
+
+
+def wikitext_split(split: str, directory: Path = WIKITEXT_DIR) -> Path:
+    """WikiText-2's `split` ("valid" or "test") in `directory`: `wiki.{split}.tokens` as the official archive names
+    it, or `{split}.tokens`, the name of the test suite's slices (a slice is not the whole split)."""
+    official = directory / f"wiki.{split}.tokens"
+    sliced = directory / f"{split}.tokens"
+    return sliced if not official.is_file() and sliced.is_file() else official
+
+
+WIKITEXT_VALID = wikitext_split("valid")
+WIKITEXT_TEST = wikitext_split("test")
 
 
 def minilm_dir() -> Path:

@@ -11,7 +11,7 @@ import importlib
 _HOMES = {
     "BertForPreTraining": "model.bert", "BertModel": "model.bert", "PreTrainingOutput": "model.bert",
     "model_flops_per_token": "model.flops", "attention_pads": "model.attention",
-    "Checkpoint": "model.checkpoint", "CheckpointError": "model.checkpoint", "load_checkpoint": "model.checkpoint",
+    "Checkpoint": "model.checkpoint_files", "CheckpointError": "model.checkpoint_files", "load_checkpoint": "model.checkpoint",
     "save_checkpoint": "model.checkpoint",
     "PRESETS": "model.config", "BertConfig": "model.config", "ConfigError": "model.config",
     "SPECIAL_TOKENS": "model.tokenizer", "TokenizerError": "model.tokenizer", "WordPieceTokenizer": "model.tokenizer",

@@ -15,7 +15,6 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +23,24 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from model.bert import BertForPreTraining
+from model.checkpoint_files import (  # noqa: F401  (the text files' names, re-exported for the weights' readers)
+    CONFIG_FILE,
+    METADATA_FILE,
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint_files,
+    load_config,
+    read_metadata,
+    listing,
+    with_labels,
+    with_text_files,
+)
 from model.config import BertConfig, ConfigError
-from model.files import read_json_object
 from model.labels import LabelSpec
-from model.pooling import PoolingConfigError, PoolingRecipe, read_pooling
-from model.tokenizer import TokenizerError, WordPieceTokenizer
+from model.tokenizer import WordPieceTokenizer
 
-CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-METADATA_FILE = "training_metadata.json"
 PICKLE_WEIGHT_FILES = ("pytorch_model.bin", "tf_model.h5", "model.ckpt.index", "flax_model.msgpack")
 
 # Tensors stored twice in memory but once on disk (they are tied), as transformers does.
@@ -41,21 +48,6 @@ TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
 # Old buffers some checkpoints still carry; they are derived, not learned.
 IGNORED_KEYS = ("bert.embeddings.position_ids",)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory cannot be used; the message names the directory or file and the problem."""
-
-
-@dataclass
-class Checkpoint:
-    directory: Path
-    config: BertConfig
-    model: BertForPreTraining | None  # None: loaded without weights (load_checkpoint_files)
-    tokenizer: WordPieceTokenizer
-    metadata: dict[str, Any] = field(default_factory=dict)
-    pooling: PoolingRecipe = field(default_factory=lambda: PoolingRecipe("mean", False, "default"))
-    labels: LabelSpec | None = None  # a sequence classifier's (cross-encoder's) labels and scoring rule
 
 
 # ---- names ---------------------------------------------------------------------------------------
@@ -161,17 +153,6 @@ def _replace_directory(tmp: Path, final: Path) -> None:
 # ---- loading -------------------------------------------------------------------------------------
 
 
-def load_config(directory: Path) -> BertConfig:
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no {CONFIG_FILE} (files found: {_listing(directory)})")
-    values = read_json_object(path, CheckpointError, missing_ok=False)
-    try:
-        return BertConfig.from_dict(values)
-    except (ConfigError, TypeError) as exc:
-        raise CheckpointError(f"{path}: {exc}") from None
-
-
 def read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """All tensors of the checkpoint under canonical names, from safetensors only."""
     index = directory / WEIGHTS_INDEX_FILE
@@ -191,7 +172,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
             if pickled
             else ""
         )
-        raise CheckpointError(f"{directory}: no {WEIGHTS_FILE}{hint} (files found: {_listing(directory)})")
+        raise CheckpointError(f"{directory}: no {WEIGHTS_FILE}{hint} (files found: {listing(directory)})")
 
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
@@ -269,7 +250,7 @@ def load_checkpoint(
     model.tie_weights()
     model.to(device=device, dtype=dtype or torch.float32)
     model.eval()
-    return _with_text_files(directory, config, model, labels)
+    return with_text_files(directory, config, model, labels)
 
 
 def classifies_tokens(config: BertConfig, tensors: dict[str, torch.Tensor]) -> bool:
@@ -280,55 +261,6 @@ def classifies_tokens(config: BertConfig, tensors: dict[str, torch.Tensor]) -> b
     if "BertForTokenClassification" in architectures:
         return True
     return "BertForSequenceClassification" not in architectures and "bert.pooler.dense.weight" not in tensors
-
-
-def load_checkpoint_files(directory: str | Path, num_labels: int = 0) -> Checkpoint:
-    """A checkpoint without its weights (`model` is None): config, tokenizer, pooling, labels (for a
-    classifier of `num_labels` outputs) and metadata. What a process that tokenizes and formats needs,
-    at the cost of a few small files; the process that computes loads the whole checkpoint."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a directory")
-    return with_labels(_with_text_files(directory, load_config(directory), None, None), num_labels)
-
-
-def with_labels(checkpoint: Checkpoint, num_labels: int) -> Checkpoint:
-    """`checkpoint` read as a classifier of `num_labels` outputs (0: not a classifier); its config names them."""
-    try:
-        labels = LabelSpec.from_config(checkpoint.config, num_labels) if num_labels else None
-    except ConfigError as exc:
-        raise CheckpointError(f"{checkpoint.directory / CONFIG_FILE}: {exc}") from None
-    return replace(checkpoint, labels=labels)
-
-
-def _with_text_files(directory: Path, config: BertConfig, model: BertForPreTraining | None,
-                     labels: LabelSpec | None) -> Checkpoint:
-    try:
-        tokenizer = WordPieceTokenizer.load(directory, max_length_cap=config.max_position_embeddings)
-    except TokenizerError as exc:
-        raise CheckpointError(str(exc)) from None
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(
-            f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but {CONFIG_FILE} "
-            f"says vocab_size {config.vocab_size}"
-        )
-    try:
-        pooling = read_pooling(directory)
-    except PoolingConfigError as exc:
-        raise CheckpointError(str(exc)) from None
-    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory), pooling, labels)
-
-
-def read_metadata(directory: Path) -> dict[str, Any]:
-    return read_json_object(directory / METADATA_FILE, CheckpointError)
-
-
-def _listing(directory: Path) -> str:
-    try:
-        names = sorted(p.name for p in directory.iterdir())
-    except OSError:
-        return "unreadable"
-    return ", ".join(names[:20]) or "none"
 
 
 def _short(names: list[str], limit: int = 6) -> str:

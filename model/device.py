@@ -61,7 +61,7 @@ def keep_freed_memory() -> bool:
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None)  # the C library the process already uses (as service/threads.py does)
+        libc = ctypes.CDLL(None)  # the C library the process already uses (as service/engine/threads.py does)
         return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_ABOVE_BYTES)) and bool(libc.mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES))
     except (OSError, AttributeError):  # no mallopt: not glibc
         return False

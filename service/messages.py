@@ -80,7 +80,9 @@ class ModelFacts:
     num_labels: int
     batch_tokens_in_force: int
     batch_size_in_force: int
-    cuda_graphs: int = 0  # encoder graphs captured (service.engine.graphs); 0: every batch runs eagerly
+    cuda_graphs: int = 0  # encoder graphs live after the start-up check (service.engine.graphs); 0: all eager
+    cuda_graphs_live: list[str] = dataclasses.field(default_factory=list)  # their names (tokens x slots[:depth])
+    cuda_graphs_eager: list[str] = dataclasses.field(default_factory=list)  # "name: why" of those that fell back
     num_token_labels: int = 0  # outputs of a token-classification head (0: none)
     has_qa_head: bool = False  # an extractive question-answering head
 

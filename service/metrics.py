@@ -56,6 +56,10 @@ class Metrics:
         self.graph_padding_rows = Counter("bert_graph_padding_rows",
                                           "Rows a graphed batch computed beyond its real tokens (up to its graph's size).",
                                           registry=r)
+        self.cuda_graph_live = Gauge("bert_cuda_graph_live",
+                                     "Per CUDA graph of the encoder (tokens x slots[:depth]): 1 if it replays, 0 if "
+                                     "the start-up check made its batches run eagerly.", ["graph"], registry=r,
+                                     multiprocess_mode="max")  # only the engine sets it
         self.flops = Counter("bert_model_flops", "Encoder FLOPs of the batches computed.", registry=r)
         self.flops_padding = Counter("bert_model_flops_padding", "The part of bert_model_flops spent on padding.",
                                      registry=r)
@@ -75,6 +79,13 @@ class Metrics:
         if graph_rows:
             self.batches_graphed.inc()
             self.graph_padding_rows.inc(graph_rows - batch.real_tokens)
+
+    def observe_graphs(self, live: list[str], eager: list[str]) -> None:
+        """Which CUDA graphs start-up kept (1) and which fell back to eager (0)."""
+        for name in live:
+            self.cuda_graph_live.labels(graph=name).set(1)
+        for name in eager:
+            self.cuda_graph_live.labels(graph=name).set(0)
 
     def render(self) -> bytes:
         if os.environ.get(MULTIPROCESS_DIR):

@@ -33,7 +33,7 @@ class Settings(BaseSettings):
         "owns the device, the model and the batcher; they share the port, the admission limit and the metrics. "
         "0 = one process does everything (least memory, no inter-process hop). auto = 0 on a CPU (the model needs "
         "the cores), and on a GPU one per two cores beyond the engine's, from 2 to 8 (a small model on a big GPU is "
-        "bound by the CPU work of its requests). See the README's 'Processes'."))
+        "bound by the CPU work of its requests). See docs/processes.md."))
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field("auto", description=(
         "Number format. auto = float32 on CPU (exact), bfloat16 on GPUs that support it, else float16. On CPU, "
         "bfloat16 (CPUs with AVX512-BF16 or AMX) and int8 (encoder Linear layers, per-token scales and "

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from prometheus_client import multiprocess
 
+from model.cpu_cores import usable_cores
 from model.hub import ResolvedCheckpoint
 from service.frontend.admission import create_slots
 from service.launch import launch_record
@@ -51,17 +52,6 @@ def auto_workers(device: str) -> int:
     if pick_device(device).type == "cpu":
         return 0
     return max(2, min(8, (usable_cores() - 2) // 2))
-
-
-def usable_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
-    """The cores this process may use: its CPU affinity, capped by a cgroup v2 quota (a container's CPU limit,
-    which affinity does not show: a pod limited to 4 cores on a 64-core node sees 64)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    try:
-        quota, period = cpu_max.read_text().split()
-    except (OSError, ValueError):
-        return cores
-    return cores if quota == "max" else max(1, min(cores, int(int(quota) / int(period))))
 
 
 class Supervisor:

@@ -1,20 +1,26 @@
-"""Shared fixtures: a small tokenizer trained on real text, tiny random checkpoints."""
+"""Shared fixtures: a small tokenizer trained on real text, tiny random checkpoints.
+
+The real text is the slices of WikiText-2 in tests/data/wikitext-2 (its README says what and whence): the suite
+needs nothing beside the repository. BERT_WIKITEXT_DIR is set here, before anything reads devkit.paths, so that
+the benchmarks the tests run (in this process and in the processes they start) read the slices too."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
-import torch
+TEST_WIKITEXT = Path(__file__).resolve().parent / "data" / "wikitext-2"
+os.environ["BERT_WIKITEXT_DIR"] = str(TEST_WIKITEXT)
 
-from devkit.paths import WIKITEXT_DIR
-from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from devkit.paths import wikitext_split  # noqa: E402
+from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint  # noqa: E402
 
 
 def wikitext_lines(split: str = "valid", limit: int | None = None) -> list[str]:
-    path = WIKITEXT_DIR / f"wiki.{split}.tokens"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: tests read WikiText-2 from ../shared/data (or BERT_WIKITEXT_DIR)")
+    path = wikitext_split(split, TEST_WIKITEXT)
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     lines = [line for line in lines if line and not line.startswith("=")]
     return lines[:limit] if limit else lines
@@ -54,7 +60,7 @@ def tiny_checkpoint(tmp_path_factory, tokenizer) -> Path:
 
 def small_wikitext(path: Path, lines: int = 400) -> Path:
     """The first articles of WikiText-2's validation split, kept in WikiText format."""
-    source = (WIKITEXT_DIR / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(keepends=True)
+    source = wikitext_split("valid", TEST_WIKITEXT).read_text(encoding="utf-8").splitlines(keepends=True)
     path.write_text("".join(source[:lines]), encoding="utf-8")
     return path
 
@@ -66,7 +72,7 @@ def small_corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_eval_corpus(tmp_path_factory) -> Path:
-    source = (WIKITEXT_DIR / "wiki.test.tokens").read_text(encoding="utf-8").splitlines(keepends=True)
+    source = wikitext_split("test", TEST_WIKITEXT).read_text(encoding="utf-8").splitlines(keepends=True)
     path = tmp_path_factory.mktemp("corpus") / "eval.tokens"
     path.write_text("".join(source[:200]), encoding="utf-8")
     return path

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from devkit.paths import REPO_ROOT
 from model import load_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
-from trainer.export import retention_evaluation, training_stages, warm_start_of
+from trainer.model_card import retention_evaluation, training_stages, warm_start_of
 
 
 def test_bundled_model_is_compact_half_precision_and_loads():

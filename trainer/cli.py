@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     from model.config import ConfigError
     from model.hub import resolve_checkpoint
     from model.tokenizer import TokenizerError
-    from trainer.corpus import CorpusError
-    from trainer.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError
+    from trainer.data.corpus import CorpusError
+    from trainer.data.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError
     from trainer.loop import Interrupted, train
     from trainer.run_files import command_line
 

@@ -24,11 +24,11 @@ import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
 from model.tokenizer import WordPieceTokenizer
-from trainer.examples import PairBatch, build_pairs, collate
-from trainer.masking import MaskedBatch, mask_tokens, replaceable_ids
+from trainer.data.examples import PairBatch, build_pairs, collate
+from trainer.data.masking import MaskedBatch, mask_tokens, replaceable_ids
+from trainer.data.tokens import TokenizedCorpus
+from trainer.forward import pretraining_logits
 from trainer.retention import RetentionProbe, retention_metrics, sentence_vectors
-from trainer.step import pretraining_logits
-from trainer.tokens import TokenizedCorpus
 
 EVAL_PAIR_SEED = 20181011  # BERT's arXiv date; any fixed value works
 EVAL_MASK_SEED = 4242

@@ -12,11 +12,11 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from trainer.examples import PairBatch
-from trainer.masking import MaskedBatch
+from trainer.data.examples import PairBatch
+from trainer.data.masking import MaskedBatch
+from trainer.forward import first_segments, mean_pooled, vector_inputs
 from trainer.options import TrainOptions
 from trainer.placement import Placement
-from trainer.step import first_segments, mean_pooled, vector_inputs
 
 
 _SUMS = ("mlm_loss", "nsp_loss", "mlm_correct", "nsp_correct", "drift")
@@ -45,15 +45,15 @@ class GradientStep:
     """`step(batch, masked, step_number) -> StepStats`: forward, backward and the optimizer's update.
 
     `wrapped` is the step module as DDP wraps it (its `no_sync` skips the all-reduce of all but the last
-    micro-batch); `step_model` is what runs forward (the wrapped module, compiled or not). `cuda_graphs`: the
-    step_model replays CUDA graphs (`trainer.step.compile_step`), so batches come in fixed slots and each step
+    micro-batch); `forward_model` is what runs forward (the wrapped module, compiled or not). `cuda_graphs`: the
+    forward_model replays CUDA graphs (`trainer.forward.compile_forward`), so batches come in fixed slots and each step
     tells it that the last one's outputs may be overwritten."""
 
     def __init__(self, options: TrainOptions, placement: Placement, wrapped: torch.nn.Module,
-                 step_model: torch.nn.Module, optimizer: torch.optim.Optimizer, encoder_params: list,
+                 forward_model: torch.nn.Module, optimizer: torch.optim.Optimizer, encoder_params: list,
                  teacher: torch.nn.Module | None, autocast: torch.dtype | None, sep_id: int, cuda_graphs: bool = False):
         self.options, self.placement = options, placement
-        self.wrapped, self.step_model, self.optimizer = wrapped, step_model, optimizer
+        self.wrapped, self.forward_model, self.optimizer = wrapped, forward_model, optimizer
         self.encoder_params, self.teacher, self.autocast, self.sep_id = encoder_params, teacher, autocast, sep_id
         self.cuda_graphs = cuda_graphs
 
@@ -72,7 +72,7 @@ class GradientStep:
             lo = rank * per_rank + index * micro
             hi = lo + micro
             part = batch.slice(lo, hi)
-            # non_blocking: the batches come pinned on a GPU (trainer/batches.py), so the host need not wait for the
+            # non_blocking: the batches come pinned on a GPU (trainer/data/batches.py), so the host need not wait for the
             # device to finish the last step before queueing this one.
             if fixed:
                 labels = masked.slot_labels[lo:hi].flatten().to(device, non_blocking=True)
@@ -96,7 +96,7 @@ class GradientStep:
                 torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are read: reuse their memory
             with nullcontext() if (last or world == 1) else self.wrapped.no_sync():
                 with torch.autocast(device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                    mlm_sum, nsp_sum, mlm_correct, nsp_correct, vectors = self.step_model(
+                    mlm_sum, nsp_sum, mlm_correct, nsp_correct, vectors = self.forward_model(
                         *inputs, positions, labels, nsp_labels, clean, padded, slots)
                 loss = mlm_sum / total_masked + nsp_sum / options.batch_size
                 if self.teacher is not None:

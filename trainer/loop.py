@@ -23,19 +23,20 @@ from model.bert import BertForPreTraining
 from model.config import BertConfig
 from model.device import keep_freed_memory
 from model.flops import model_flops_per_token
-from trainer.batches import BatchStream
-from trainer.data import PreparedData, prepare
+from trainer.data.batches import BatchStream
+from trainer.data.examples import TrainingPairs
+from trainer.data.masking import replaceable_ids
+from trainer.data.pipeline import PreparedData, prepare
 from trainer.evaluate import build_eval_set, evaluate
-from trainer.examples import TrainingPairs
+from trainer.forward import PreTrainingForward, compile_forward, cuda_graph_skips, replays_cuda_graphs
 from trainer.gradient_step import GradientStep
-from trainer.masking import replaceable_ids
 from trainer.optimizer import build_optimizer, lr_factor, restore_optimizer, run_progress, set_learning_rate
 from trainer.options import TrainOptions
 from trainer.placement import Placement, autocast_dtype, leave, place
 from trainer.retention import build_probe
 from trainer.run_files import RunFiles, command_history, earlier_stage
 from trainer.state import Progress, clean_partial_saves, newest_good
-from trainer.step import PreTrainingStep, compile_step, cuda_graph_skips, replays_cuda_graphs
+from trainer.step_fallback import EagerFallback
 from trainer.warm_start import WarmStart, embedding_parameter, frozen_encoder, load_warm_start
 
 log = logging.getLogger("trainer")
@@ -68,29 +69,61 @@ class Training:
     def __init__(self, options: TrainOptions, placement: Placement, command: str | None = None):
         self.options = options
         self.placement = placement
-        if options.batch_size % (placement.world * options.grad_accum):
-            raise ValueError(f"--batch-size {options.batch_size} must divide into {placement.world} process(es) x "
-                             f"--grad-accum {options.grad_accum}")
-        device = placement.device
-        self.autocast = autocast_dtype(options.precision, device)
+        self._check_batch_split()
+        self.autocast = autocast_dtype(options.precision, placement.device)
         resume = newest_good(options.output) if options.resume else None
-        # The starting checkpoint is checked before anything is prepared or written (a bad one fails here).
-        torch.manual_seed(options.seed)  # initial weights of the heads a warm start lacks
-        warm = load_warm_start(options.init_from, options.dropout, options.head_layers,
-                               options.head_layers_start) \
-            if options.init_from is not None and resume is None else None
-        self.teacher = frozen_encoder(options.init_from, device) if options.preserve_embeddings > 0 else None
+        warm = self._load_starting_checkpoint(resume)
+        self.teacher = frozen_encoder(options.init_from, placement.device) if options.preserve_embeddings > 0 else None
         self.files = RunFiles(options.output, is_writer=placement.is_writer, command=command)
-        if options.resume:
-            if placement.is_writer:
-                clean_partial_saves(options.output)
-            if resume is None:
-                log.warning("--resume: no usable checkpoint under %s/checkpoints; starting a new run (%s)", options.output,
-                            f"from {options.init_from}" if options.init_from is not None else "from scratch")
+        self._tidy_before_resuming(resume)
         self.data = self._prepare(resume.checkpoint.tokenizer if resume else warm.tokenizer if warm else None)
+        self._build_trainable_model(resume, warm)
+        self.optimizer = build_optimizer(self.model, options, placement.device)
+        self.pairs = TrainingPairs(self.data.train, options.max_seq_len, options.seed, options.short_seq_prob,
+                                   self.data.weights)
+        self._restore_or_start_progress(resume)
+        self._record_what_this_run_continues(resume, warm)
+        self._build_forward()
+        self.eval_set = self._build_eval_set()
+        self.replace = replaceable_ids(self.data.tokenizer, self.model.config.vocab_size)
+        self.gradient_step = GradientStep(options, placement, self.wrapped, self.forward_model, self.optimizer,
+                                          self.encoder_params, self.teacher, self.autocast,
+                                          self.data.tokenizer.sep_id, self.cuda_graphs)
+        self.files.compiled_step = {"compiled": options.compile, "cuda_graphs": self.cuda_graphs, "fell_back": None}
+        if options.compile:  # a compilation or capture that fails trains eagerly (trainer.step_fallback)
+            self.gradient_step = EagerFallback(self.gradient_step, self.wrapped, self._fell_back)
+        self.flops_per_token = 3 * model_flops_per_token(self.model.config, options.max_seq_len, options.mask_rate)
 
-        torch.manual_seed(options.seed)  # initial weights
-        self.model = self._build_model(resume, warm).to(device).train()
+    # The constructor's jobs, in the order it does them (the seeds make that order matter).
+
+    def _check_batch_split(self) -> None:
+        options, world = self.options, self.placement.world
+        if options.batch_size % (world * options.grad_accum):
+            raise ValueError(f"--batch-size {options.batch_size} must divide into {world} process(es) x "
+                             f"--grad-accum {options.grad_accum}")
+
+    def _load_starting_checkpoint(self, resume) -> WarmStart | None:
+        """The --init-from checkpoint of a new run, checked before anything is prepared or written (a bad one
+        fails here)."""
+        options = self.options
+        torch.manual_seed(options.seed)  # initial weights of the heads a warm start lacks
+        if options.init_from is None or resume is not None:
+            return None
+        return load_warm_start(options.init_from, options.dropout, options.head_layers, options.head_layers_start)
+
+    def _tidy_before_resuming(self, resume) -> None:
+        options = self.options
+        if not options.resume:
+            return
+        if self.placement.is_writer:
+            clean_partial_saves(options.output)
+        if resume is None:
+            log.warning("--resume: no usable checkpoint under %s/checkpoints; starting a new run (%s)", options.output,
+                        f"from {options.init_from}" if options.init_from is not None else "from scratch")
+
+    def _build_trainable_model(self, resume, warm: WarmStart | None) -> None:
+        torch.manual_seed(self.options.seed)  # initial weights
+        self.model = self._build_model(resume, warm).to(self.placement.device).train()
         # embeddings + encoder layers up to the embedding layer (the word embeddings are also the tied MLM decoder)
         self.encoder_params = [param for name, param in self.model.named_parameters()
                                if embedding_parameter(name, self.model.config)]
@@ -98,18 +131,20 @@ class Training:
             # Layers stacked for the heads (--head-layers): what makes the served embeddings is never trained.
             for param in self.encoder_params:
                 param.requires_grad_(False)
-        self.optimizer = build_optimizer(self.model, options, device)
-        self.pairs = TrainingPairs(self.data.train, options.max_seq_len, options.seed, options.short_seq_prob,
-                                   self.data.weights)
+
+    def _restore_or_start_progress(self, resume) -> None:
         self.progress = Progress(cursors=self.pairs.initial_cursors())
         if resume is not None:
-            restore_optimizer(self.optimizer, resume.optimizer_state, options)
+            restore_optimizer(self.optimizer, resume.optimizer_state, self.options)
             self.progress = resume.progress
             torch.set_rng_state(resume.rng_state)  # the dropout stream continues where it was saved
             log.info("resumed from step %d", self.progress.step)
         else:
-            torch.manual_seed(options.seed * 7919 + placement.rank)  # dropout stream, one per rank
-        # What this run continues: read once (the --init-from directory may be gone by the next save).
+            torch.manual_seed(self.options.seed * 7919 + self.placement.rank)  # dropout stream, one per rank
+
+    def _record_what_this_run_continues(self, resume, warm: WarmStart | None) -> None:
+        """Read once (the --init-from directory may be gone by the next save), kept in every checkpoint's metadata."""
+        options = self.options
         if resume is not None:
             started_from = resume.checkpoint.metadata.get("started_from")
             warm_source = resume.checkpoint.metadata.get("warm_start")
@@ -121,27 +156,40 @@ class Training:
         self.files.start(resumed=resume is not None, started_from=started_from, warm_start=warm_source,
                          earlier_commands=earlier_commands, at_step=self.progress.step)
 
-        self.step_module = PreTrainingStep(self.model, options.preserve_over if self.teacher is not None else None)
-        self.wrapped = (DistributedDataParallel(self.step_module, device_ids=[device.index] if device.type == "cuda" else None)
-                        if placement.world > 1 else self.step_module)
+    def _build_forward(self) -> None:
+        """The forward pass to the losses, wrapped for DDP across processes and compiled when asked."""
+        options, placement, device = self.options, self.placement, self.placement.device
+        self.forward_module = PreTrainingForward(self.model,
+                                                 options.preserve_over if self.teacher is not None else None)
+        self.wrapped = self.forward_module
+        if placement.world > 1:
+            self.wrapped = DistributedDataParallel(self.forward_module,
+                                                   device_ids=[device.index] if device.type == "cuda" else None)
         self.cuda_graphs = replays_cuda_graphs(options, placement)
         self.told_of_skips = False
         if options.compile:
             log.info("compiling the step %s", "as CUDA graphs of one shape (--cuda-graphs)" if self.cuda_graphs else
                      "for changing shapes")
-        self.step_model = compile_step(self.wrapped, cuda_graphs=self.cuda_graphs) if options.compile else self.wrapped
-        config = self.model.config
-        self.eval_set = build_eval_set(self.data.eval, self.data.tokenizer, config.vocab_size,
-                                       options.max_seq_len, options.eval_examples) if placement.is_writer else None
-        if self.eval_set is not None and options.init_from is not None and \
-                (self.teacher is not None or options.init_from.is_dir()):
+        self.forward_model = compile_forward(self.wrapped, cuda_graphs=self.cuda_graphs) if options.compile \
+            else self.wrapped
+
+    def _build_eval_set(self):
+        """The held-out pairs and masks (the writing process only), with the retention probe when the run starts
+        from an encoder whose sentence embeddings it should keep."""
+        options, device = self.options, self.placement.device
+        if not self.placement.is_writer:
+            return None
+        eval_set = build_eval_set(self.data.eval, self.data.tokenizer, self.model.config.vocab_size,
+                                  options.max_seq_len, options.eval_examples)
+        if options.init_from is not None and (self.teacher is not None or options.init_from.is_dir()):
             # How far the served sentence embeddings move from the starting encoder's, at every evaluation.
             reference = self.teacher if self.teacher is not None else frozen_encoder(options.init_from, device)
-            self.eval_set.retention = build_probe(self.data.eval, self.data.tokenizer, reference, device)
-        self.replace = replaceable_ids(self.data.tokenizer, config.vocab_size)
-        self.step = GradientStep(options, placement, self.wrapped, self.step_model, self.optimizer, self.encoder_params,
-                                 self.teacher, self.autocast, self.data.tokenizer.sep_id, self.cuda_graphs)
-        self.flops_per_token = 3 * model_flops_per_token(config, options.max_seq_len, options.mask_rate)
+            eval_set.retention = build_probe(self.data.eval, self.data.tokenizer, reference, device)
+        return eval_set
+
+    def _fell_back(self, reason: str) -> None:
+        self.cuda_graphs = False  # no CUDA-graph counts to log from here on
+        self.files.compiled_step = {**self.files.compiled_step, "cuda_graphs": False, "fell_back": reason}
 
     def _prepare(self, tokenizer) -> PreparedData:
         # Rank 0 trains the tokenizer and fills the caches first; the others then read them.
@@ -173,9 +221,11 @@ class Training:
                              for s in (signal.SIGINT, signal.SIGTERM)}
         bar = self.files.progress_bar(options, progress, enabled=options.progress)
         window_tokens, window_start = 0, time.perf_counter()
+        last_save = time.perf_counter()  # --save-every-minutes counts from here
         last_eval: dict | None = None
         batches = BatchStream(self.pairs, progress.step, progress.cursors, options, self.data, self.replace,
-                              ahead=self.placement.device.type == "cuda", fixed_shapes=self.cuda_graphs)
+                              ahead=self.placement.device.type == "cuda", fixed_shapes=self.cuda_graphs,
+                              workers=options.batch_workers)
         try:
             while run_progress(progress, options) < 1.0:
                 step_start = time.perf_counter()
@@ -183,7 +233,7 @@ class Training:
                 batch, masked, progress.cursors = taken.batch, taken.masked, taken.cursors
                 factor = lr_factor(run_progress(progress, options), options.warmup_fraction)
                 set_learning_rate(self.optimizer, options, factor)
-                stats = self.step(batch, masked, progress.step)
+                stats = self.gradient_step(batch, masked, progress.step)
                 progress.step += 1
                 progress.tokens_seen += batch.num_real_tokens
                 window_tokens += batch.num_real_tokens
@@ -212,8 +262,11 @@ class Training:
                 if self.placement.is_writer and (progress.step % options.eval_every == 0 or done):
                     last_eval = evaluate(self.model, self.eval_set, self.placement.device)
                     self.files.log({"step": progress.step, "eval": last_eval})
-                if progress.step % options.save_every == 0 and not done:
+                due = options.save_every_minutes > 0 and \
+                    time.perf_counter() - last_save >= 60 * options.save_every_minutes
+                if (progress.step % options.save_every == 0 or self._agreed(due)) and not done:
                     self._save_resumable()
+                    last_save = time.perf_counter()
                 if stop_signal:
                     raise Interrupted(stop_signal[0])
         except Interrupted as interrupt:
@@ -234,6 +287,14 @@ class Training:
             self.files.finish(self.model, self.data, options, progress, self.placement.device, last_eval)
         self.placement.wait_for_all()
         return options.output
+
+    def _agreed(self, due: bool) -> bool:
+        """A time-based save: the writer's clock decides, every rank saves at the same step."""
+        if self.placement.world == 1:
+            return due
+        flag = torch.tensor([int(due)], device=self.placement.device)
+        torch.distributed.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def _save_resumable(self) -> None:
         if self.placement.is_writer:

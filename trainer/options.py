@@ -6,10 +6,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from model.config import PRESETS
-from trainer.download import DEFAULT_CACHE
+from trainer.data.download import DEFAULT_CACHE
 
 
-# What --preserve-over may name (trainer.step.vector_inputs says what each embeds and averages).
+# What --preserve-over may name (trainer.forward.vector_inputs says what each embeds and averages).
 VECTOR_SOURCES = ("all", "unmasked", "clean")
 # How layers stacked for the heads start (trainer.warm_start.stack_head_layers).
 HEAD_LAYER_STARTS = ("identity", "copy")
@@ -82,6 +82,12 @@ class TrainOptions:
     eval_every: int = option(200, "Evaluate every N steps (and always at the end).")
     eval_examples: int = option(1024, "Held-out pairs used per evaluation (fixed pairs and masks).")
     save_every: int = option(500, "Write a resumable checkpoint every N steps (and at the end, and on SIGINT/SIGTERM).")
+    batch_workers: int = option(1, "On a GPU, processes building the training batches ahead of the step. One "
+                                "builds ~1M tokens/s of 128-token pairs on a fast host; more take more host cores "
+                                "(each also walks every step's pairs, a quarter of a batch's host time).")
+    save_every_minutes: float = option(0.0, "Also write a resumable checkpoint when this many minutes of wall-clock "
+                                       "have passed since the last (0: by steps only). For runs on a machine "
+                                       "that may be taken back at any moment; each save costs the checkpoint's write.")
     keep_checkpoints: int = option(2, "Resumable checkpoints kept under OUTPUT/checkpoints.")
     log_every: int = option(10, "Log training metrics to metrics.jsonl every N steps.")
     seed: int = option(0, "Seed for weights, pairs, masks and dropout; CPU runs are reproducible.")

@@ -19,8 +19,8 @@ import torch
 
 from model.bert import BertModel
 from model.tokenizer import WordPieceTokenizer
-from trainer.step import mean_pooled
-from trainer.tokens import TokenizedCorpus
+from trainer.data.tokens import TokenizedCorpus
+from trainer.forward import mean_pooled
 
 RETENTION_SEED = 400
 RETENTION_SENTENCES = 400

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import read_metadata, save_checkpoint
+from model.provenance import portable, portable_text
 from trainer.plot import plot_metrics
 from trainer.state import Progress, prune, state_writer
 
@@ -45,12 +46,13 @@ def command_history(metadata: dict) -> list[dict]:
 class RunFiles:
     def __init__(self, output: Path, is_writer: bool, command: str | None = None):
         self.output = output
-        self.command = command or command_line()
+        self.command = portable_text(command or command_line())  # the paths in it as a reader elsewhere can take them
         self.is_writer = is_writer
         self.metrics_path = output / "metrics.jsonl"
         self.history: list[dict] = []
         self.started_from: dict | None = None  # see earlier_stage; set by start()
         self.warm_start: dict | None = None  # a foreign starting checkpoint (trainer.warm_start.describe_source)
+        self.compiled_step: dict | None = None  # --compile, CUDA graphs, and why the step fell back to eager (if it did)
         if is_writer:
             _check_writable(output)
 
@@ -81,8 +83,9 @@ class RunFiles:
             handle.write(json.dumps(row) + "\n")
 
     def metadata(self, options, data, progress: Progress, device: torch.device, final_eval: dict | None = None) -> dict:
+        """What training_metadata.json records: no absolute path of this machine (model.provenance)."""
         speeds = [r["tokens_per_s"] for r in self.history if "tokens_per_s" in r]
-        return {
+        return portable({
             "format": "bert-serve/1",
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": self.command,
@@ -96,7 +99,8 @@ class RunFiles:
             "eval": final_eval,
             "started_from": self.started_from,
             "warm_start": self.warm_start,
-        }
+            "compiled_step": self.compiled_step,
+        })
 
     def save_resumable(self, model, optimizer, data, options, progress: Progress, device: torch.device) -> None:
         target = self.output / "checkpoints" / f"step-{progress.step:07d}"

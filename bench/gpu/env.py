@@ -1,6 +1,6 @@
 """The packages bench.gpu needs beyond what a GPU machine's Python holds, installed from .whl/gpu offline.
 
-On the lent GPU machines `python3` is itself a virtual environment holding torch (/opt/torch/.venv). A venv
+On the GPU machines this was made for, `python3` is itself a virtual environment holding torch. A venv
 made from it with --system-site-packages sees the *base* interpreter's packages, not torch. So the wheels go
 into a plain folder (`pip install --target`) that the same interpreter then reads through PYTHONPATH:
 bench.gpu re-runs itself with it set, and every process it starts (pytest, the service, the trainer, the
@@ -27,8 +27,8 @@ NEEDED_MODULES = ("fastapi", "uvicorn", "pydantic_settings", "orjson", "promethe
                   "opentelemetry", "zmq", "msgpack", "pysbd")
 NEEDED_PROGRAMS = ("py-spy",)
 
-# The GPU machines' own Python packages (/work/.library/device/KINDS.md, "Python packages already there",
-# read 2026-11-17), normalised names: what requirements/gpu-extra.txt need not carry.
+# The Python packages such a GPU machine's python3 already holds (its package list, read 2026-11-17), normalised
+# names: what requirements/gpu-extra.txt need not carry.
 MACHINE_PACKAGES = frozenset("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
 charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder

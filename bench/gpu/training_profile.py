@@ -1,13 +1,13 @@
 """Where a pre-training step's time goes: `python -m bench.gpu.training_profile --init-from DIR --corpus F
 --eval-corpus F --work DIR --json F [--trace F.json.gz] [--dry-run]` (a step of `python -m bench.gpu`).
 
-The trainer's own loop pieces (trainer.loop.Training, trainer.batches.BatchStream), in this process, on the
+The trainer's own loop pieces (trainer.loop.Training, trainer.data.batches.BatchStream), in this process, on the
 BERT-base shape (bfloat16, compiled; the dry run: the CPU, small, eager): after warm-up steps (compilation, padded
 and unpadded batches), the host's milliseconds per step taking the batch (built ahead on a GPU) and dispatching
 the step, the wall-clock per step with the device waited for, then torch.profiler over a few steps: the device's kernel time per step (so the share of the
 wall-clock the device was busy: low means the host or a wait is the limit, not the kernels), that time by kind
 (matrix products, attention, fused elementwise, optimizer, copies) and the top kernels and host calls.
-Run in its own process: the compiler's settings are process-wide (trainer.step.trace_whole).
+Run in its own process: the compiler's settings are process-wide (trainer.forward.trace_whole).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.flops import model_flops_per_token
     from trainer.cli import build_parser
-    from trainer.batches import BatchStream
+    from trainer.data.batches import BatchStream
     from trainer.loop import Training
     from trainer.options import TrainOptions
     from trainer.placement import place
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         taken = batches.next(progress.step)
         batch, masked = taken.batch, taken.masked
         built = time.perf_counter()
-        training.step(batch, masked, progress.step)
+        training.gradient_step(batch, masked, progress.step)
         progress.step += 1
         return built - started, time.perf_counter() - built, batch.num_real_tokens
 

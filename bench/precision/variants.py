@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from bench.precision.onnx_export import export_onnx, quantize_onnx
+from devkit.paths import WIKITEXT_TEST, WIKITEXT_VALID, minilm_dir
 from model.device import cpu_has_native_bf16, keep_freed_memory
 from service.engine.precision import INT8_ALPHA as SERVED_INT8_ALPHA
 from service.engine.precision import INT8_SCHEME as SERVED_INT8_SCHEME
-from devkit.paths import WIKITEXT_DIR, WIKITEXT_TEST, minilm_dir
 from service.settings import DEFAULT_CHECKPOINT
 
 
@@ -41,7 +41,7 @@ class Variant:
 
 
 def held_out(limit: int, seed: int = 0) -> list[str]:
-    from trainer.corpus import read_documents
+    from trainer.data.corpus import read_documents
 
     found = [s for d in read_documents(WIKITEXT_TEST) for s in d.sentences if len(s.split()) >= 4]
     random.Random(seed).shuffle(found)
@@ -49,9 +49,9 @@ def held_out(limit: int, seed: int = 0) -> list[str]:
 
 
 def calibration_sentences() -> list[str]:
-    from trainer.corpus import read_documents
+    from trainer.data.corpus import read_documents
 
-    return [s for d in read_documents(WIKITEXT_DIR / "wiki.valid.tokens") for s in d.sentences][:256]
+    return [s for d in read_documents(WIKITEXT_VALID) for s in d.sentences][:256]
 
 
 def quantized(model, tokenizer, scheme: str, alpha: float, keep=()):

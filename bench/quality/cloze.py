@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from model import load_checkpoint
-from trainer.export import top_answers
+from trainer.model_card import top_answers
 
 PROBE = Path(__file__).with_name("data") / "cloze.tsv"
 

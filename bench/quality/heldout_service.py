@@ -24,10 +24,10 @@ from devkit.paths import WIKITEXT_TEST
 from devkit.server import start_service
 from model import load_checkpoint
 from model.tokenizer import WordPieceTokenizer
-from trainer.data import token_cache
+from trainer.data.pipeline import token_cache
 from trainer.evaluate import EvalSet, build_eval_set, evaluate
+from trainer.forward import pretraining_logits
 from trainer.options import TrainOptions
-from trainer.step import pretraining_logits
 
 REQUEST_INPUTS = 32  # per request; several requests in flight would only reorder the same work
 

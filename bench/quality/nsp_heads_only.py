@@ -21,11 +21,11 @@ from torch import nn
 
 from devkit.paths import WIKIPEDIA_DIR, WIKITEXT_TEST
 from model import load_checkpoint
-from trainer.data import token_cache
+from trainer.data.examples import build_pairs, collate
+from trainer.data.pipeline import token_cache
+from trainer.data.tokens import TokenizedCorpus
 from trainer.evaluate import build_eval_set
-from trainer.examples import build_pairs, collate
 from trainer.options import TrainOptions
-from trainer.tokens import TokenizedCorpus
 
 PAIR_SEED = 123  # not the evaluation's seed: other pairs than the trainer's held-out ones
 BATCH = 64

@@ -4,7 +4,7 @@ trainer's evaluation: whole-word fill-mask and masked-token accuracy against how
 embeddings keep all-MiniLM-L6-v2's (nearest-neighbour agreement and rank correlation on 400 held-out
 sentences, mean cosine to the original vectors).
 
-    python -m bench.quality.retention_curve --weights 0 0.5 2 10 --steps 500 --work /work/runs/curve
+    python -m bench.quality.retention_curve --weights 0 0.5 2 10 --steps 500 --work runs/curve
 """
 
 from __future__ import annotations

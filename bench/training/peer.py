@@ -22,13 +22,13 @@ import torch
 import transformers
 
 from model.config import BertConfig
-from trainer.batches import training_batch
-from trainer.data import prepare
-from trainer.examples import TrainingPairs
+from trainer.data.batches import training_batch
+from trainer.data.examples import TrainingPairs
+from trainer.data.masking import replaceable_ids
+from trainer.data.pipeline import prepare
 from trainer.optimizer import build_optimizer, lr_factor, run_progress
-from trainer.placement import autocast_dtype
-from trainer.masking import replaceable_ids
 from trainer.options import TrainOptions
+from trainer.placement import autocast_dtype
 from trainer.state import Progress
 
 IGNORED = -100  # transformers' "no label here"

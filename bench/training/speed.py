@@ -26,14 +26,12 @@ from pathlib import Path
 import torch
 
 from bench.training.peer import PEER_RUN_FILE
-from devkit.paths import WIKITEXT_DIR
-from model.flops import model_flops_per_token
+from devkit.paths import WIKITEXT_TEST, WIKITEXT_VALID
 from model.checkpoint import load_checkpoint, read_metadata
-from trainer.data import prepare
+from model.flops import model_flops_per_token
+from trainer.data.pipeline import prepare
 from trainer.evaluate import build_eval_set, evaluate
 from trainer.options import TrainOptions
-
-WIKITEXT = WIKITEXT_DIR
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 10) -> float:
@@ -59,8 +57,8 @@ def run(command: list[str], log: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--corpus", default=str(WIKITEXT / "wiki.valid.tokens"))
-    parser.add_argument("--eval-corpus", default=str(WIKITEXT / "wiki.test.tokens"))
+    parser.add_argument("--corpus", default=str(WIKITEXT_VALID))
+    parser.add_argument("--eval-corpus", default=str(WIKITEXT_TEST))
     parser.add_argument("--preset", default="mini")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=TrainOptions.lr)

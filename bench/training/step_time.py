@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from bench.training.peer import IGNORED, transformers_twin
 from model import BertConfig, BertForPreTraining
 from model.device import cpu_has_native_bf16
-from trainer.step import pretraining_logits
+from trainer.forward import pretraining_logits
 
 
 def main(argv: list[str] | None = None) -> None:

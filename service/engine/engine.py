@@ -85,6 +85,7 @@ class Engine:
         self.pads_attention = attention_pads(device, dtype, model.config.head_dim)
         self._price_all_layers = BatchPricer(model.config)
         self.graphs: EncoderGraphs | None = None  # set by use_graphs
+        self.graphs_fallen_back: dict[str, str] = {}  # graphs the start-up check dropped, and why (loader)
         self._graph_memory = threading.Lock()  # the graphs' outputs share one pool: one graphed batch at a time
 
     @property
@@ -127,7 +128,8 @@ class Engine:
         packing = Packing.from_lengths(lengths)
         flops, padding = self.flops(len(items), max(lengths), sum(lengths), sum(n * n for n in lengths),
                                     None if self._runs_heads(items) else self.model.config.served_embedding_layer)
-        layout = self.graphs.layout_for(len(ids), len(items)) if self.graphs is not None else None
+        layout = self.graphs.layout_for(len(ids), len(items), self._runs_heads(items)) \
+            if self.graphs is not None else None
         if layout is not None:  # one page-locked buffer, one copy to the device
             staged = stage(ids.numpy(), types.numpy(), packing, layout, pin=self.device.type == "cuda")
             return Batch(ids, types, packing, items, flops, padding, staged, layout)

@@ -89,25 +89,53 @@ class EncoderGraphs:
         self.buckets = token_buckets(most_tokens)
         self.longest = model.config.max_position_embeddings  # FlashAttention's max_seqlen for every batch
         self.split = model.config.served_embedding_layer < model.config.num_hidden_layers
-        self.capture = capture  # False: the same static path, called instead of replayed (tests on the CPU)
+        self.capture = capture  # False: the same static path through a StandIn, not a CUDA graph (tests on the CPU)
         self.inputs = torch.zeros(Layout(self.buckets[-1], slots).size, dtype=torch.int32, device=device)
-        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph | None, tuple]] = {}
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph | StandIn, tuple]] = {}
+        self.eager: dict[str, str] = {}  # graphs dropped (by name) and why: their batches run op by op
         self.pool = None
 
-    def layout_for(self, tokens: int, sequences: int) -> Layout | None:
-        """The bucket a batch runs in, or None when it fits none (it then runs eagerly)."""
+    def whole_stack(self, for_heads: bool) -> bool:
+        """Which of a bucket's graphs a batch replays: the whole stack for heads (one graph serves both without a
+        split below the top)."""
+        return for_heads or not self.split
+
+    def name(self, key: tuple[int, bool]) -> str:
+        """A graph's name in the log, /info and /metrics: its tokens x slots, and with a split which depth."""
+        tokens, whole = key
+        return f"{tokens}x{self.slots}" + ("" if not self.split else ":heads" if whole else ":embedding")
+
+    @property
+    def live(self) -> list[str]:
+        return [self.name(key) for key in sorted(self.graphs)]
+
+    def layout_for(self, tokens: int, sequences: int, for_heads: bool = True) -> Layout | None:
+        """The bucket a batch runs in, or None when it fits none or its graph was dropped (it then runs eagerly)."""
         if sequences > self.slots or tokens > self.buckets[-1]:
             return None
-        return Layout(next(b for b in self.buckets if b >= tokens), self.slots)
+        bucket = next(b for b in self.buckets if b >= tokens)
+        return Layout(bucket, self.slots) if (bucket, self.whole_stack(for_heads)) in self.graphs else None
+
+    def drop(self, key: tuple[int, bool], reason: str) -> None:
+        """Serve `key`'s batches eagerly from now on (the others keep their graphs)."""
+        self.graphs.pop(key, None)
+        self.eager[self.name(key)] = reason
+
+    def keys(self) -> list[tuple[int, bool]]:
+        """Every graph start-up captures: each bucket, and with a split each depth."""
+        depths = (False, True) if self.split else (True,)
+        return [(tokens, whole) for tokens in reversed(self.buckets) for whole in depths]
 
     @torch.inference_mode()
     def capture_all(self) -> float:
-        """Capture every bucket, largest first (the later graphs reuse the pool's blocks); returns the seconds."""
+        """Capture every bucket, largest first (the later graphs reuse the pool's blocks); returns the seconds.
+        A capture that raises drops that graph alone (`eager` says why): its batches run op by op."""
         started = time.perf_counter()
-        depths = (False, True) if self.split else (True,)
-        for tokens in reversed(self.buckets):
-            for for_heads in depths:
-                self.graphs[tokens, for_heads] = self._record(Layout(tokens, self.slots), for_heads)
+        for key in self.keys():
+            try:
+                self.graphs[key] = self._record(Layout(key[0], self.slots), key[1])
+            except Exception as exc:  # noqa: BLE001 - that bucket serves eagerly: slower, not wrong
+                self.drop(key, f"capture failed: {type(exc).__name__}: {exc}")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - started
@@ -119,7 +147,8 @@ class EncoderGraphs:
 
     def _record(self, layout: Layout, for_heads: bool):
         if not self.capture:
-            return None, ()
+            stand_in = StandIn(self._static_forward(layout, for_heads))
+            return stand_in, stand_in.outputs
         forward = self._static_forward(layout, for_heads)
         # Warm up on a side stream first (PyTorch's advice for capture: lazy initialisation stays out of the graph).
         side = torch.cuda.Stream(self.device)
@@ -139,12 +168,8 @@ class EncoderGraphs:
         states or None unless `for_heads`, the batch's Packing on the device for the heads). The outputs are the
         graph's own memory: read them before the next replay."""
         self.inputs[: layout.size].copy_(staged, non_blocking=True)
-        whole_stack = for_heads or not self.split  # which of the bucket's graphs: one serves both without a split
-        graph, outputs = self.graphs[layout.tokens, whole_stack]
-        if graph is None:
-            outputs = self._static_forward(layout, whole_stack)()
-        else:
-            graph.replay()
+        graph, outputs = self.graphs[layout.tokens, self.whole_stack(for_heads)]
+        graph.replay()
         embedded, hidden = outputs
         _, _, positions, rows, ends, starts = layout.views(self.inputs)
         packing = Packing(rows[:tokens], rows[:tokens], positions[:tokens], starts[:sequences], None, sequences,
@@ -153,3 +178,21 @@ class EncoderGraphs:
 
     def __len__(self) -> int:
         return len(self.graphs)
+
+
+class StandIn:
+    """What a CUDA graph does, on any device (tests on the CPU): `replay` computes the static forward again and
+    writes it into the SAME output tensors, as a graph's replay overwrites its static outputs. So a batch read after
+    the next one's replay reads the next one's states, on a CPU as on a GPU."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        first, copies = forward(), {}  # one tensor twice (no split) stays one buffer, as in a graph
+        self.outputs = tuple(None if t is None else copies.setdefault(id(t), t.clone()) for t in first)
+
+    def replay(self) -> None:
+        written = set()
+        for static, fresh in zip(self.outputs, self.forward()):
+            if static is not None and id(static) not in written:
+                static.copy_(fresh)
+                written.add(id(static))

@@ -44,8 +44,9 @@ Collector = Callable[[list], None]  # fills its items' places in a batch's list 
 
 
 def to_host(values: torch.Tensor) -> torch.Tensor:
-    """A copy on the host, valid once the device has caught up (from CUDA: page-locked, queued, not waited for)."""
-    return values.to("cpu", non_blocking=True)
+    """A copy on the host, valid once the device has caught up (from CUDA: page-locked, queued, not waited for).
+    On a CPU a copy too, not the tensor itself: a graph's output read later would be the next batch's."""
+    return values.to("cpu", non_blocking=True, copy=True)
 
 
 def to_device(values: list[int], device: torch.device) -> torch.Tensor:

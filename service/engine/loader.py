@@ -1,32 +1,31 @@
 """The engine side's start-up: checkpoint -> device, precision, engine, warm-up, batch budget, batcher.
 
-`load_engine(settings, metrics)` returns a `LoadedEngine` that computes; `link(loaded)` puts the front
-door's interface (`service.engine.link.LocalLink`) on its batcher. Blocking: it runs in a thread while
-the HTTP side already answers /health with 503.
+`load_engine(settings, metrics)` returns a `LoadedEngine` that computes and batches; the engine process
+(`service.engine.server`) or, in one process, `service.engine.link.LocalLink` puts the front ends' requests on
+its batcher. Blocking: it runs in a thread while the HTTP side already answers /health with 503.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from model.attention import runs_varlen
 from model.checkpoint import Checkpoint, load_checkpoint
+from model.cpu_cores import usable_cores
 from model.device import keep_freed_memory, pick_device
 from service.engine.batch_size import batch_tokens_for_width, measure_batch_tokens
 from service.engine.batcher import Batcher, BatchPolicy
 from service.engine.engine import Engine
+from service.engine.graph_check import check_graph
 from service.engine.graphs import EncoderGraphs
 from service.engine.precision import Precision, PrecisionError, choose, prepare_model
 from service.messages import ModelFacts
 from service.metrics import Metrics
 from service.settings import Settings
-from service.tasks import EncodeItem
 
 log = logging.getLogger("service")
 
@@ -55,7 +54,7 @@ def plan_compute(concurrent_batches: int, device: torch.device) -> int:
     """How many batches run at once; on CPU, also splits torch's threads between them."""
     if device.type != "cpu":
         return concurrent_batches or 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()  # the container's CPU quota too: a pod limited to 4 cores on a 64-core node sees 64
     batches = concurrent_batches or (2 if cores >= 2 else 1)
     torch.set_num_threads(max(1, cores // batches))
     return batches
@@ -76,57 +75,37 @@ def batch_tokens_on_cpu(s: Settings, engine: Engine, tokenizer, precision: Preci
     return chosen
 
 
-GRAPH_CHECK_LENGTHS = (3, 130, 17, 9, 64, 5)  # one long input among short ones, as traffic mixes them
-GRAPH_CHECK_COSINE = 0.999  # per token vector, graphed against eager (different products' shapes, bfloat16)
-
-
 def capture_graphs(engine: Engine, most_tokens: int, slots: int, runners: int) -> int:
     """CUDA graphs for the engine's encoder where they run (a CUDA device, attention over packed sequences, one
-    batch at a time), checked against the eager forward on a batch of mixed lengths before any request uses
-    them. Returns how many were captured; 0 leaves every batch eager, saying why in the log."""
+    batch at a time), each checked against the eager engine before any request uses it (adopt_if_faithful).
+    Returns how many are live; 0 leaves every batch eager, saying why in the log."""
     config = engine.model.config
     if engine.device.type != "cuda" or runners != 1 or not runs_varlen(engine.device, engine.dtype, config.head_dim):
         log.info("CUDA graphs: off (they need a CUDA device, bfloat16 or float16 and one batch at a time)")
         return 0
     graphs = EncoderGraphs(engine.model, engine.device, most_tokens, slots)
-    try:
-        seconds = graphs.capture_all()
-    except Exception as exc:  # noqa: BLE001 - serving eagerly is slower, not wrong: say so and go on
-        log.warning("CUDA graphs: capture failed, every batch runs eagerly: %s", exc)
-        return 0
-    return adopt_if_faithful(engine, graphs, seconds)
+    return adopt_if_faithful(engine, graphs, graphs.capture_all())
 
 
 def adopt_if_faithful(engine: Engine, graphs: EncoderGraphs, seconds: float = 0.0) -> int:
-    """Give the engine `graphs` if a batch of mixed lengths through them answers as the eager engine does; returns
-    how many graphs it took (0: none, with a log line saying why)."""
-    config = engine.model.config
-    slots = graphs.slots
-    generator = np.random.default_rng(0)
-    lengths = [min(n, config.max_position_embeddings) for n in GRAPH_CHECK_LENGTHS]
-    check = [EncodeItem(generator.integers(5, config.vocab_size, n).tolist(), [0] * n) for n in lengths][:slots]
-    while len(check) > 1 and sum(map(len, check)) > graphs.buckets[-1]:
-        check.pop()  # the check must run through a graph
-    eager = engine.run(engine.collate(check))
-    engine.use_graphs(graphs)
-    try:
-        graphed = engine.run(engine.collate(check))
-        worst = min(_row_cosines(a.vectors, b.vectors).min() for a, b in zip(eager, graphed))
-    except Exception as exc:  # noqa: BLE001 - as a failed capture
-        graphed, worst = None, f"the replay failed: {exc}"
-    if graphed is None or not worst >= GRAPH_CHECK_COSINE:  # NaN fails too
-        engine.use_graphs(None)
-        log.error("CUDA graphs: replayed states differ from the eager ones (%s): every batch runs eagerly",
-                  worst if graphed is None else f"cosine {worst:.6f}")
-        return 0
-    log.info("CUDA graphs: %d captured in %.1f s (%d token counts up to %d, %d sequence slots; check cosine %.6f)",
-             len(graphs), seconds, len(graphs.buckets), graphs.buckets[-1], slots, worst)
+    """Replay every captured graph once on a batch that fills it, against the eager engine (graph_check); drop
+    each one that raises or drifts, alone, and give the engine the rest (none: every batch eager). Returns how
+    many are live; the log names those that fell back, and why."""
+    for key in graphs.keys():
+        if key in graphs.graphs:
+            problem, _ = check_graph(engine, graphs, key)
+            if problem is not None:
+                graphs.drop(key, problem)
+    engine.use_graphs(graphs if len(graphs) else None)
+    engine.graphs_fallen_back = dict(graphs.eager)
+    captured = len(graphs) + len(graphs.eager)
+    log.info("CUDA graphs: %d of %d live after the check, captured in %.1f s (%d token counts up to %d, %d sequence "
+             "slots)", len(graphs), captured, seconds, len(graphs.buckets), graphs.buckets[-1], graphs.slots)
+    for name, reason in graphs.eager.items():
+        log.error("CUDA graph %s falls back to eager: %s", name, reason)
+    if not len(graphs):
+        log.error("CUDA graphs: none live: every batch runs eagerly")
     return len(graphs)
-
-
-def _row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> LoadedEngine:
@@ -155,6 +134,8 @@ def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> Lo
     batch_size = s.max_batch_size if isinstance(s.max_batch_size, int) else \
         AUTO_BATCH_SIZE_CPU if device.type == "cpu" else AUTO_BATCH_SIZE_GPU
     graphs = capture_graphs(engine, batch_tokens, batch_size, runners) if s.cuda_graphs else 0
+    live = engine.graphs.live if graphs else []
+    metrics.observe_graphs(live, list(engine.graphs_fallen_back))
     if graphs and s.warmup:
         engine.warm_up(tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)  # the heads, fed by the graphs
     policy = BatchPolicy(batch_tokens, batch_size, s.max_wait_ms / 1000, s.max_queue_items,
@@ -164,6 +145,8 @@ def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> Lo
     facts = ModelFacts(device=str(device), dtype=precision.name, has_mlm_head=engine.has_mlm_head,
                        has_nsp_head=engine.has_nsp_head, num_labels=engine.num_labels,
                        batch_tokens_in_force=batch_tokens, batch_size_in_force=batch_size, cuda_graphs=graphs,
+                       cuda_graphs_live=live,
+                       cuda_graphs_eager=[f"{name}: {why}" for name, why in engine.graphs_fallen_back.items()],
                        num_token_labels=engine.num_token_labels, has_qa_head=engine.has_qa_head)
     log.info("model on %s (%s), ready in %.1f s", device, precision.name, time.perf_counter() - started)
     return LoadedEngine(checkpoint, engine, batcher, precision, facts)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.checkpoint import Checkpoint, load_checkpoint_files, with_labels
+from model.checkpoint_files import Checkpoint, load_checkpoint_files, with_labels
 from model.hub import ResolvedCheckpoint, resolve_checkpoint
 from service.errors import ServiceError
 from service.frontend.frontdoor import FrontDoor
@@ -183,7 +183,9 @@ class Runtime:
         body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
         body["limits"]["batch_tokens_in_force"] = facts.batch_tokens_in_force if facts else None
         body["limits"]["batch_size_in_force"] = facts.batch_size_in_force if facts else None
-        body["limits"]["cuda_graphs_in_force"] = facts.cuda_graphs if facts else None  # graphs captured; 0: eager
+        body["limits"]["cuda_graphs_in_force"] = facts.cuda_graphs if facts else None  # graphs live; 0: eager
+        body["limits"]["cuda_graphs"] = {"live": facts.cuda_graphs_live, "eager": facts.cuda_graphs_eager} \
+            if facts else None  # which graphs replay, and which fell back to eager at the start-up check (why)
         return body
 
 

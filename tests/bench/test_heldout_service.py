@@ -12,8 +12,8 @@ from devkit.paths import WIKITEXT_TEST
 from devkit.server import start_service
 from model import load_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
+from trainer.data.tokens import TokenizedCorpus
 from trainer.evaluate import build_eval_set, evaluate
-from trainer.tokens import TokenizedCorpus
 
 
 def small_eval_set(tokenizer, vocab_size):

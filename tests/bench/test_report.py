@@ -14,6 +14,10 @@ from bench.report.build import BEGIN, END, write_benchmarks
 from devkit.paths import REPO_ROOT
 
 
+# The quick report's subprocess has a limit of its own (900 s), spent in the first test's setup.
+pytestmark = pytest.mark.timeout(960)
+
+
 @pytest.fixture(scope="module")
 def quick_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
@@ -41,6 +45,16 @@ def test_every_measurement_is_in_the_report(quick_report):
     assert {(r["system"], r["tokens"]) for r in report["length"]} == {
         (s, n) for s in ("ours float32", "ours int8") for n in (16, 64)}
     assert report["machine"]["cores"] >= 1 and "bench.report" in report["machine"]["command"]
+    assert str(quick_report[0]) not in report["machine"]["command"]  # the --out folder by its name alone
+
+
+def test_the_report_command_names_no_machine_path(monkeypatch):
+    """BENCHMARKS.md quotes the command: a peer's executable inside the checkout appears relative to it."""
+    from bench.report.build import machine
+
+    monkeypatch.setattr(sys, "argv", ["build.py", "--write", "--infinity",
+                                      str(REPO_ROOT / ".venv-peers" / "bin" / "infinity_emb")])
+    assert machine()["command"] == "python -m bench.report --write --infinity .venv-peers/bin/infinity_emb"
 
 
 def test_plots_and_markdown(quick_report):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from bench.training.peer import IGNORED, pad_to, transformers_twin
 from devkit.paths import REPO_ROOT
 from tests.conftest import random_model
-from trainer.step import pretraining_logits
+from trainer.forward import pretraining_logits
 
 
 def test_peer_loss_equals_our_training_loss():

@@ -13,8 +13,10 @@ import torch
 import transformers
 
 from service.engine.engine import Engine
-from service.tasks import EncodeItem, FillMaskItem, NspItem
+from model.checkpoint import load_checkpoint
+from service.tasks import EncodeItem, FillMaskItem, FillMaskScores, MaskScores, NspItem
 from tests.conftest import random_model
+from tests.gpu.confident import CHECKPOINT, assert_same_fill_mask, cloze_items
 
 DEVICE = torch.device(os.environ.get("BERT_TEST_DEVICE", "cuda"))
 pytestmark = [
@@ -74,15 +76,20 @@ def test_engine_equals_transformers_for_every_head(reference, dtype):
     engine = Engine(random_model(VOCAB, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), DEVICE, dtype)
     results = engine.run(engine.collate(engine_items()))
     floor = FLOORS[dtype]
+    assert len(results) == 3 * len(answers)
     for index, (hidden, mlm, nsp) in enumerate(answers):
         vectors, filled, next_sentence = results[3 * index : 3 * index + 3]
-        assert cosine(vectors.vectors, hidden) > floor, (index, dtype)
+        assert vectors.vectors.shape == hidden.shape and cosine(vectors.vectors, hidden) > floor, (index, dtype)
         position = inputs()[index][0].index(4)
-        want = torch.softmax(torch.tensor(mlm[position]), -1).numpy()
-        got = np.zeros(VOCAB)
-        got[filled.masks[0].token_ids] = filled.masks[0].scores
-        assert cosine(got, want) > floor, (index, dtype)
-        assert cosine(next_sentence.logits, nsp) > floor, (index, dtype)
+        # log-probabilities, centred: a random model's probabilities are all near 1/VOCAB, so that the vectors of
+        # two different answers would still be at cosine ~1; their logs are not
+        want = torch.log_softmax(torch.tensor(mlm[position]), -1).numpy()
+        assert len(filled.masks) == 1 and len(filled.masks[0].token_ids) == VOCAB
+        got = np.full(VOCAB, np.nan)
+        got[filled.masks[0].token_ids] = np.log(filled.masks[0].scores)
+        assert np.isfinite(got).all()
+        assert cosine(got - got.mean(), want - want.mean()) > floor, (index, dtype)
+        assert next_sentence.logits.shape == nsp.shape and cosine(next_sentence.logits, nsp) > floor, (index, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -102,6 +109,27 @@ def test_packed_equals_padded_and_batched_equals_single(dtype):
     with torch.inference_mode():
         padded, _ = engine.model.bert(ids.to(DEVICE), types.to(DEVICE), mask.to(DEVICE))
     floor = FLOORS[dtype]
-    for row, (together, alone) in enumerate(zip(batched, singles)):
+    assert len(batched) == len(singles) == len(items)
+    for row, (together, alone) in enumerate(zip(batched, singles, strict=True)):
+        assert together.vectors.shape == alone.vectors.shape == (len(items[row]), model.config.hidden_size)
         assert cosine(together.vectors, alone.vectors) > floor
         assert cosine(together.vectors, padded[row, : len(items[row])].float().cpu().numpy()) > floor
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fill_mask_gives_transformers_best_token_where_the_model_is_confident(dtype):
+    """The bundled model on the cloze probe, the engine on this device in each precision against transformers in
+    float32 on the CPU: the same best token on every confident mask (tests/gpu/confident.py)."""
+    checkpoint = load_checkpoint(CHECKPOINT)
+    items = cloze_items(checkpoint.tokenizer)
+    peer = transformers.BertForMaskedLM.from_pretrained(CHECKPOINT, torch_dtype=torch.float32).eval()
+    reference = []
+    for item in items:
+        with torch.no_grad():
+            logits = peer(input_ids=torch.tensor([item.input_ids]),
+                          token_type_ids=torch.tensor([item.token_type_ids])).logits[0, item.mask_positions[0]]
+        probs = torch.softmax(logits, -1)
+        scores, ids = probs.topk(item.top_k)
+        reference.append(FillMaskScores([MaskScores(item.mask_positions[0], ids.numpy(), scores.numpy())]))
+    engine = Engine(checkpoint.model, DEVICE, dtype)
+    assert_same_fill_mask(reference, engine.run(engine.collate(items)))

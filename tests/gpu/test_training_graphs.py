@@ -1,4 +1,4 @@
-"""The trainer's step replayed as CUDA graphs (`--compile --cuda-graphs`, trainer.step.compile_step) on the GPU, with
+"""The trainer's step replayed as CUDA graphs (`--compile --cuda-graphs`, trainer.forward.compile_forward) on the GPU, with
 inductor as the trainer compiles it: inductor keeps every graph of the step as a CUDA graph, batches of different
 lengths and masks in fixed slots compile once, losses and gradients are the eager step's, and dropout draws anew
 at each replay (a graph replaying one frozen mask would still train, silently worse). Skipped without CUDA; the
@@ -14,7 +14,7 @@ import torch
 
 from model import BertConfig, BertForPreTraining
 from tests.trainer.test_compile import batch, in_fixed_slots
-from trainer.step import PreTrainingStep, compile_step, cuda_graph_skips
+from trainer.forward import PreTrainingForward, compile_forward, cuda_graph_skips
 
 DEVICE = torch.device(os.environ.get("BERT_TEST_DEVICE", "cuda"))
 pytestmark = [
@@ -43,9 +43,9 @@ def replay(step, inputs, slots) -> tuple[list[torch.Tensor], list[torch.Tensor]]
 
 def test_the_step_replays_as_cuda_graphs_and_computes_what_the_eager_step_does():
     torch.manual_seed(0)
-    eager = PreTrainingStep(BertForPreTraining(BertConfig(**CONFIG, hidden_dropout_prob=0.0,
+    eager = PreTrainingForward(BertForPreTraining(BertConfig(**CONFIG, hidden_dropout_prob=0.0,
                                                           attention_probs_dropout_prob=0.0)).train().to(DEVICE))
-    compiled = compile_step(copy.deepcopy(eager), cuda_graphs=True)
+    compiled = compile_forward(copy.deepcopy(eager), cuda_graphs=True)
     skips_before, graphs_before = cuda_graph_skips(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for seed, (rows, width, padded) in enumerate([(8, 24, True), (8, 40, False), (8, 33, True), (8, 24, True)]):
         inputs, slots = on_device(*in_fixed_slots(batch(rows, width, padded, seed), WIDTH, SLOTS))
@@ -60,7 +60,7 @@ def test_the_step_replays_as_cuda_graphs_and_computes_what_the_eager_step_does()
 
 def test_dropout_draws_anew_at_each_replay():
     torch.manual_seed(0)
-    step = compile_step(PreTrainingStep(BertForPreTraining(BertConfig(**CONFIG)).train().to(DEVICE)),
+    step = compile_forward(PreTrainingForward(BertForPreTraining(BertConfig(**CONFIG)).train().to(DEVICE)),
                         cuda_graphs=True)
     inputs, slots = on_device(*in_fixed_slots(batch(8, 40, True, seed=3), WIDTH, SLOTS))
     losses = [replay(step, inputs, slots)[0][0] for _ in range(5)]  # warm-up, recording, then replays

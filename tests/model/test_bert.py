@@ -11,7 +11,7 @@ from model.dropout import Dropout
 from model.flops import count_parameters, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from tests.conftest import random_model, tiny_config
-from trainer.step import pretraining_logits
+from trainer.forward import pretraining_logits
 
 VOCAB = 300
 

@@ -258,6 +258,7 @@ async def test_cuda_graphs_setting_on_a_cpu(tiny_checkpoint):
     """On by default, a flag either way; a CPU captures none, and /info and /metrics say every batch ran op by op."""
     assert Settings().cuda_graphs is True and Settings(cuda_graphs="false").cuda_graphs is False
     async with serving(tiny_checkpoint) as client:
-        assert (await client.get("/info")).json()["limits"]["cuda_graphs_in_force"] == 0
+        limits = (await client.get("/info")).json()["limits"]
+        assert limits["cuda_graphs_in_force"] == 0 and limits["cuda_graphs"] == {"live": [], "eager": []}
         assert (await client.post("/encode", json={"inputs": ["one", "two"]})).status_code == 200
         assert "bert_batches_graphed_total 0.0" in (await client.get("/metrics")).text

@@ -181,26 +181,62 @@ def test_graphed_batches_and_their_padding_rows_are_counted(static_path):
     assert f"bert_graph_padding_rows_total {float(128 - 69)}" in text  # 69 tokens padded up to the 128 bucket
 
 
-def test_graphs_are_adopted_only_if_they_answer_as_the_eager_engine(static_path, monkeypatch, caplog):
-    from service.engine.loader import adopt_if_faithful
+class LateReader(Engine):
+    """An engine that reads a graphed batch's states when it finishes the batch, not when it launches it: the
+    order that would be wrong on a GPU, where the next launched batch's replay overwrites those states."""
 
-    engine = engine_for()
-    graphs = EncoderGraphs(engine.model, engine.device, 512, 8, capture=False)
-    graphs.capture_all()
-    assert adopt_if_faithful(engine, graphs) == len(graphs) and engine.graphs is graphs
+    @torch.inference_mode()
+    def launch(self, batch):
+        embedded, hidden, packing = self.graphs.replay(batch.staged, batch.layout, batch.real_tokens, batch.size,
+                                                       self._runs_heads(batch.items))
+        return batch, embedded, hidden, packing
 
-    engine.use_graphs(None)
-    replay = graphs.replay
+    @torch.inference_mode()
+    def finish(self, launched):
+        from service.engine.heads import launch_heads
 
-    def drifting(*args):  # a replay whose states are off: the check must refuse it
-        embedded, hidden, packing = replay(*args)
-        return embedded.flip(-1), hidden, packing
-    monkeypatch.setattr(graphs, "replay", drifting)
-    assert adopt_if_faithful(engine, graphs) == 0 and engine.graphs is None
-    assert "differ from the eager ones (cosine" in caplog.text
+        batch, embedded, hidden, packing = launched
+        results = [None] * batch.size
+        for collect in launch_heads(self.model, batch.items, embedded, hidden, packing, batch.starts()):
+            collect(results)
+        return results
 
-    def failing(*args):
-        raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(graphs, "replay", failing)
-    assert adopt_if_faithful(engine, graphs) == 0 and engine.graphs is None
-    assert "the replay failed: operation not permitted" in caplog.text
+
+def test_the_launch_ahead_test_catches_a_batch_read_too_late(static_path):
+    """The stand-in overwrites a graph's outputs at every replay as a CUDA graph does: an engine that reads a batch
+    after the next one was launched answers with the wrong states, and the comparison of the launch-ahead test
+    fails on the CPU."""
+    model = random_model(VOCAB, max_position_embeddings=160)
+    plain, engine = Engine(model, torch.device("cpu"), torch.float32), LateReader(model, torch.device("cpu"),
+                                                                                 torch.float32)
+    batches = [items_of(lengths, seed) for seed, lengths in enumerate([(40, 9, 17, 5, 30), (12, 7, 60, 22)])]
+    eager = [plain.run(plain.collate(items)) for items in batches]  # one bucket: 101 tokens each
+    static_path(engine, most_tokens=512, slots=8)
+    launched = [engine.launch(engine.collate(items)) for items in batches]
+    with pytest.raises(AssertionError):
+        for expected, handle in zip(eager, launched):
+            assert_same(expected, engine.finish(handle))
+
+
+def test_the_gpu_tests_fill_mask_comparison_on_the_cpu(static_path):
+    """tests/gpu's comparison of fill-mask (the bundled model's best token on its confident cloze answers), run here
+    through the stand-in graphs: it passes on batches replayed and launched ahead, and fails on a batch read late."""
+    from model.checkpoint import load_checkpoint
+    from tests.gpu.confident import CHECKPOINT, assert_same_fill_mask, cloze_items
+
+    checkpoint = load_checkpoint(CHECKPOINT)
+    engine = Engine(checkpoint.model, torch.device("cpu"), torch.float32)
+    batches = [cloze_items(checkpoint.tokenizer, copies) for copies in (2, 1)]
+    eager = [engine.run(engine.collate(items)) for items in batches]
+    static_path(engine, most_tokens=1024, slots=128)
+    launched = [engine.launch(engine.collate(items)) for items in batches]
+    for expected, handle in zip(eager, launched, strict=True):
+        assert assert_same_fill_mask(expected, engine.finish(handle)) >= 10
+
+    late = LateReader(checkpoint.model, torch.device("cpu"), torch.float32)
+    static_path(late, most_tokens=1024, slots=128)
+    same_bucket = [cloze_items(checkpoint.tokenizer)[::-1], cloze_items(checkpoint.tokenizer)]  # one bucket, two orders
+    expected = engine.run(engine.collate(same_bucket[0]))
+    handles = [late.launch(late.collate(items)) for items in same_bucket]
+    with pytest.raises(AssertionError):
+        assert_same_fill_mask(expected, late.finish(handles[0]))

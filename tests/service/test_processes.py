@@ -255,17 +255,6 @@ def test_a_model_that_cannot_load_stops_the_server_with_its_reason(tmp_path, tin
     assert "Traceback" not in result.stderr
 
 
-def test_usable_cores_follow_a_containers_cpu_limit(tmp_path):
-    from service.supervisor import usable_cores
-
-    limit = tmp_path / "cpu.max"
-    limit.write_text("100000 100000\n")  # a 1-core limit
-    assert usable_cores(limit) == 1
-    limit.write_text("max 100000\n")
-    assert usable_cores(limit) == len(os.sched_getaffinity(0))
-    assert usable_cores(tmp_path / "absent") == len(os.sched_getaffinity(0))
-
-
 def test_workers_setting(monkeypatch):
     from service import supervisor
 

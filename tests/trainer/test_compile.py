@@ -4,7 +4,7 @@ replays as CUDA graphs (`--cuda-graphs`), equal to the step at each batch's own 
 
 Each split of a compiled graph made the host wait for the device mid-step; the step used to split in 12. Compiled
 here with `aot_eager` (the graph capture and autograd tracing that inductor also runs, without its code generation,
-which needs a C++ or CUDA compiler): the same `compile_step` the trainer uses, only the backend differs."""
+which needs a C++ or CUDA compiler): the same `compile_forward` the trainer uses, only the backend differs."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
-from trainer.examples import pad_columns
-from trainer.masking import MaskedBatch, in_slots
-from trainer.step import PreTrainingStep, compile_step, replays_cuda_graphs, trace_whole
+from trainer.data.examples import pad_columns
+from trainer.data.masking import MaskedBatch, in_slots
+from trainer.forward import PreTrainingForward, compile_forward, replays_cuda_graphs, trace_whole
 
 CONFIG = BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -53,8 +53,8 @@ def in_fixed_slots(inputs, width: int, slots: int):
 
 
 def test_the_step_is_one_graph():
-    trace_whole()  # as compile_step does for the trainer
-    step = PreTrainingStep(BertForPreTraining(CONFIG).train())
+    trace_whole()  # as compile_forward does for the trainer
+    step = PreTrainingForward(BertForPreTraining(CONFIG).train())
     for padded in (True, False):
         explained = torch._dynamo.explain(step)(*batch(4, 24, padded, seed=0), None, padded)
         assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
@@ -63,7 +63,7 @@ def test_the_step_is_one_graph():
 def test_the_fixed_shape_step_is_one_graph_with_no_value_read_from_the_device():
     """In fixed slots nothing the device computes decides a shape: one graph even without `trace_whole`'s capture
     of counts and nonzeros (the fixture has them off), which a CUDA graph could not contain."""
-    step = PreTrainingStep(BertForPreTraining(CONFIG).train())
+    step = PreTrainingForward(BertForPreTraining(CONFIG).train())
     inputs, slots = in_fixed_slots(batch(4, 24, True, seed=0), width=32, slots=8)
     explained = torch._dynamo.explain(step)(*inputs, None, True, slots)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
@@ -81,8 +81,8 @@ def run_step(step, inputs, *extra):
 
 def test_compiled_equals_eager_forward_and_backward():
     torch.manual_seed(0)
-    eager = PreTrainingStep(BertForPreTraining(CONFIG).train())
-    compiled = compile_step(copy.deepcopy(eager), backend="aot_eager")
+    eager = PreTrainingForward(BertForPreTraining(CONFIG).train())
+    compiled = compile_forward(copy.deepcopy(eager), backend="aot_eager")
     for seed, (rows, width, padded) in enumerate([(4, 24, True), (3, 40, False), (5, 32, True)]):
         inputs = batch(rows, width, padded, seed)
         (sums, grads), (sums_c, grads_c) = (run_step(step, inputs, None, padded) for step in (eager, compiled))
@@ -98,7 +98,7 @@ def test_fixed_slots_compute_what_the_batch_as_it_is_computes(sentence_vectors):
     """Padded to a fixed width with spare slots pointing at [CLS]: the same losses, correct counts, sentence
     vectors and gradients as the batch at its own width with its masked positions selected."""
     torch.manual_seed(1)
-    step = PreTrainingStep(BertForPreTraining(CONFIG).train(), sentence_vectors)
+    step = PreTrainingForward(BertForPreTraining(CONFIG).train(), sentence_vectors)
     for seed, (rows, width) in enumerate([(4, 24), (3, 40)]):
         inputs = batch(rows, width, padded=True, seed=seed)
         fixed, slots = in_fixed_slots(inputs, width=48, slots=12)
@@ -114,7 +114,7 @@ def test_fixed_slots_compute_what_the_batch_as_it_is_computes(sentence_vectors):
 
 
 def test_the_cuda_graph_step_compiles_once_for_every_batch():
-    """compile_step(cuda_graphs=True): one compilation serves batches whose lengths, padding and masks differ,
+    """compile_forward(cuda_graphs=True): one compilation serves batches whose lengths, padding and masks differ,
     since the trainer gives them one shape (a recompilation would capture new graphs mid-run)."""
     graphs = []
 
@@ -122,7 +122,7 @@ def test_the_cuda_graph_step_compiles_once_for_every_batch():
         graphs.append(graph_module)
         return graph_module.forward
 
-    step = compile_step(PreTrainingStep(BertForPreTraining(CONFIG).train()), backend=counting_backend,
+    step = compile_forward(PreTrainingForward(BertForPreTraining(CONFIG).train()), backend=counting_backend,
                         cuda_graphs=True)
     for seed, (rows, width, padded) in enumerate([(4, 24, True), (4, 40, False), (4, 33, True)]):
         inputs, slots = in_fixed_slots(batch(rows, width, padded, seed), width=48, slots=12)

@@ -18,6 +18,7 @@ import transformers
 from safetensors.torch import load_file
 
 from devkit.paths import REPO_ROOT
+from model.provenance import portable_text
 from tests.trainer.conftest import tiny_run_args
 from trainer.cli import main
 
@@ -64,6 +65,16 @@ def test_loss_falls_and_run_files_are_written(finished_run):
     assert (finished_run / "checkpoints").is_dir()
 
 
+def test_run_files_name_no_absolute_path(finished_run, small_corpus):
+    """The metadata travels with the checkpoint: its command and options name paths as a reader elsewhere can take
+    them (model.provenance), not where this machine keeps them."""
+    text = (finished_run / "training_metadata.json").read_text()
+    metadata = json.loads(text)
+    for machine_path in (str(finished_run.parent), str(small_corpus.parent), str(Path.home()) + "/"):
+        assert machine_path not in text
+    assert metadata["options"]["output"] == "out" and small_corpus.name in metadata["command"]
+
+
 def test_output_opens_in_transformers(finished_run):
     model = transformers.BertForPreTraining.from_pretrained(finished_run).eval()
     tokenizer = transformers.BertTokenizerFast.from_pretrained(finished_run)
@@ -90,6 +101,7 @@ def test_a_continued_run_records_what_it_continued_and_its_card_tells_both(tmp_p
     card = (export(continued, tmp_path / "exported", torch.float16) / "README.md").read_text()
     assert "Trained in 2 runs" in card and "46 optimizer steps" in card and "peak learning rate 0.003 then 0.001" in card
     assert f"`{metadata['started_from']['command']}`" in card  # the first run's command, as recorded
+    assert str(tmp_path) not in card and str(finished_run) not in card
 
 
 def test_a_run_resumed_with_other_rates_records_both_commands_and_its_card_tells_them(tmp_path, small_corpus,
@@ -106,7 +118,7 @@ def test_a_run_resumed_with_other_rates_records_both_commands_and_its_card_tells
     commands = metadata["commands"]
     assert [c["from_step"] for c in commands] == [0, 4]
     assert "--lr 0.001" in commands[0]["command"] and "--lr 0.0005 --resume" in commands[1]["command"]
-    assert metadata["command"] == commands[1]["command"] == "python -m trainer " + " ".join(second)
+    assert metadata["command"] == commands[1]["command"] == portable_text("python -m trainer " + " ".join(second))
     assert main(second) == 0  # the same command again adds nothing
     assert json.loads((output / "training_metadata.json").read_text())["commands"] == commands
     card = (export(output, tmp_path / "exported", torch.float16) / "README.md").read_text()

@@ -14,8 +14,8 @@ import transformers
 from tests.conftest import random_model
 from tests.trainer.conftest import encoder_directory, run, tiny_run_args
 from trainer.cli import main
+from trainer.forward import first_segments, mean_pooled, pretraining_logits
 from trainer.retention import retention_metrics
-from trainer.step import first_segments, mean_pooled, pretraining_logits
 
 VOCAB_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -246,7 +246,7 @@ def test_a_resumed_run_takes_this_invocations_encoder_rate_and_keeps_the_moments
 
 
 def test_the_card_recommends_the_embeddings_for_search_only_when_the_neighbourhoods_were_kept():
-    from trainer.export import embedding_words
+    from trainer.model_card import embedding_words
 
     warm = {"name": "all-MiniLM-L6-v2"}
     assert "serve search nearly as that model does" in embedding_words({"embedding_nn_agreement": 0.93}, warm)

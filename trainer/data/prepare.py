@@ -4,7 +4,7 @@ What `python -m trainer` does first, on its own: useful to prepare a large corpu
 machine with more cores) and to measure the preparation. Prints what was prepared, the time, the
 words per second of sentence splitting and the peak memory of this process and of its workers.
 
-    python -m trainer.prepare --corpus ../shared/data/wikipedia-en/enwiki-2015-core.txt.xz \\
+    python -m trainer.data.prepare --corpus ../shared/data/wikipedia-en/enwiki-2015-core.txt.xz \\
         --corpus ../shared/data/wikipedia-en/enwiki-2021-recent.txt.xz --vocab-size 16384
 """
 
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.corpus import CorpusError
+from trainer.data.corpus import CorpusError
 from trainer.options import TrainOptions
 
 
@@ -31,7 +31,7 @@ def peak_rss_mib() -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m trainer.prepare", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trainer.data.prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", action="append", required=True, help="as for python -m trainer (repeatable)")
     parser.add_argument("--eval-corpus")
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from model.checkpoint import CheckpointError  # after --help
-    from trainer.data import prepare
+    from trainer.data.pipeline import prepare
 
     started = time.perf_counter()
     try:

@@ -1,7 +1,7 @@
 """From `--corpus` (one or more, with weights) and `--eval-corpus` to token caches and a tokenizer.
 
-Per corpus, once: sentences split on every core into a cache file (`trainer.sentences`); per
-(corpus, tokenizer), once: token ids in memory-mapped files (`trainer.tokens`). A vocabulary is
+Per corpus, once: sentences split on every core into a cache file (`trainer.data.sentences`); per
+(corpus, tokenizer), once: token ids in memory-mapped files (`trainer.data.tokens`). A vocabulary is
 trained on a sample of the training sentences. Nothing here holds a whole corpus in memory.
 """
 
@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model.tokenizer import WordPieceTokenizer
-from trainer.corpus import CorpusError, checksum, corpus_files
-from trainer.download import REMOTE_CORPORA, fetch
+from trainer.data.corpus import CorpusError, checksum, corpus_files
+from trainer.data.download import REMOTE_CORPORA, fetch
+from trainer.data.sentences import write_sentence_file
+from trainer.data.tokens import TokenizedCorpus, build_token_cache, sample_sentences
 from trainer.options import TrainOptions
-from trainer.sentences import write_sentence_file
-from trainer.tokens import TokenizedCorpus, build_token_cache, sample_sentences
+from trainer.data.prepared import is_prepared, load_prepared
 
 log = logging.getLogger("trainer")
 # Bump when corpus cleaning, sentence splitting or the cache layout changes: every cache is rebuilt.
@@ -76,6 +77,8 @@ def sentence_file(path: Path, options: TrainOptions) -> tuple[Path, str]:
 
 
 def token_cache(path: Path, options: TrainOptions, tokenizer: WordPieceTokenizer) -> tuple[TokenizedCorpus, str]:
+    if is_prepared(path):  # token ids prepared elsewhere (trainer.data.prepared): nothing to split or tokenize
+        return load_prepared(path, tokenizer)
     sentences, corpus_sum = sentence_file(path, options)
     directory = options.cache_dir / "tokens" / f"v{PIPELINE_VERSION}-{corpus_sum}-{tokenizer.fingerprint()}"
     corpus = TokenizedCorpus.load(directory)

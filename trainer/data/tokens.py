@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from model.tokenizer import WordPieceTokenizer
-from trainer.sentences import read_sentence_file
+from trainer.data.sentences import read_sentence_file
 
 TOKENIZE_BATCH = 20_000  # sentences per call into the tokenizer
 

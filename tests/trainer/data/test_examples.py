@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainer.corpus import read_documents
-from trainer.examples import build_pairs, collate
-from trainer.masking import mask_tokens, replaceable_ids, slots_per_row
-from trainer.tokens import TokenizedCorpus
+from trainer.data.corpus import read_documents
+from trainer.data.examples import build_pairs, collate
+from trainer.data.masking import mask_tokens, replaceable_ids, slots_per_row
+from trainer.data.tokens import TokenizedCorpus
 
 
 def test_masking_rate_split_and_specials(tokenizer):
@@ -77,7 +77,7 @@ def test_pairs_are_half_random_from_other_documents_and_fit(small_corpus, tokeni
         for s in corpus.document_sentences(doc):
             doc_of_token.setdefault(tuple(corpus.sentence(s)[:6].tolist()), doc)
     checked = 0
-    for p in pairs[:200]:
+    for p in pairs:  # all of them: the tokenizer's training is not deterministic, so a few hundred vary too much
         if p.is_random_next:
             a_doc = doc_of_token.get(tuple(p.segment_a[:6].tolist()))
             b_doc = doc_of_token.get(tuple(p.segment_b[:6].tolist()))
@@ -88,7 +88,7 @@ def test_pairs_are_half_random_from_other_documents_and_fit(small_corpus, tokeni
 
 
 def test_long_sentences_are_truncated_not_dropped(tokenizer):
-    from trainer.corpus import Document
+    from trainer.data.corpus import Document
 
     long = " ".join(["word"] * 300) + " ."
     documents = [Document("a", [long, "short one ."]), Document("b", ["other text here .", "and more ."])]
@@ -98,7 +98,7 @@ def test_long_sentences_are_truncated_not_dropped(tokenizer):
 
 
 def test_collate_layout(tokenizer):
-    from trainer.examples import PairExample
+    from trainer.data.examples import PairExample
 
     batch = collate([PairExample(np.array([10, 11]), np.array([12]), False),
                      PairExample(np.array([20]), np.array([21, 22, 23]), True)], tokenizer)

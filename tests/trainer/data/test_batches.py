@@ -1,4 +1,4 @@
-"""trainer.batches.BatchStream: built ahead by a worker process (the GPU path) or when asked (the CPU path),
+"""trainer.data.batches.BatchStream: built ahead by a worker process (the GPU path) or when asked (the CPU path),
 the batches, masks and data cursors are those of calling training_batch step after step, from any step."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import json
 import pytest
 import torch
 
-from trainer.batches import BatchStream, training_batch
+from tests.trainer.conftest import tiny_run_args
 from trainer.cli import build_parser
-from trainer.data import prepare
-from trainer.examples import TrainingPairs
-from trainer.masking import NO_LABEL, replaceable_ids, slots_per_row
+from trainer.data.batches import BatchStream, training_batch
+from trainer.data.examples import TrainingPairs
+from trainer.data.masking import NO_LABEL, replaceable_ids, slots_per_row
+from trainer.data.pipeline import prepare
 from trainer.options import TrainOptions
 from trainer.state import Progress
-from tests.trainer.conftest import tiny_run_args
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +41,14 @@ def one_by_one(setting, first: int, cursors, count: int):
     return out
 
 
-@pytest.mark.parametrize("ahead", [False, True], ids=["when-asked", "worker-process"])
-def test_the_stream_is_training_batch_step_after_step(setting, ahead):
+@pytest.mark.parametrize("ahead, workers", [(False, 1), (True, 1), (True, 3)],
+                         ids=["when-asked", "worker-process", "three-worker-processes"])
+def test_the_stream_is_training_batch_step_after_step(setting, ahead, workers):
     options, data, pairs, replace = setting
     # Not from the start: a resumed run starts at its step with its cursors.
     start = one_by_one(setting, 0, pairs.initial_cursors(), 3)[-1][2]
-    expected = one_by_one(setting, 3, start, 4)
-    stream = BatchStream(pairs, 3, start, options, data, replace, ahead=ahead)
+    expected = one_by_one(setting, 3, start, 7)  # more steps than workers: each worker builds two or three
+    stream = BatchStream(pairs, 3, start, options, data, replace, ahead=ahead, workers=workers)
     try:
         for offset, (batch, masked, cursors) in enumerate(expected):
             taken = stream.next(3 + offset)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from model.tokenizer import WordPieceTokenizer
-from trainer.tokens import TokenizedCorpus
+from trainer.data.tokens import TokenizedCorpus
 
 
 @dataclass

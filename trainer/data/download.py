@@ -23,7 +23,7 @@ import urllib.error
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.corpus import CorpusError
+from trainer.data.corpus import CorpusError
 
 DEFAULT_CACHE = Path(os.environ.get("BERT_CACHE_DIR", Path.home() / ".cache" / "bert-serve"))
 EXIT_PERMANENT = 3  # retrying cannot help: fix the corpus name or the mirror list

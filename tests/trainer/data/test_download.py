@@ -10,9 +10,9 @@ import zipfile
 
 import pytest
 
-from trainer.corpus import CorpusError
 from trainer.cli import main
-from trainer.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError, RemoteCorpus, fetch
+from trainer.data.corpus import CorpusError
+from trainer.data.download import EXIT_PERMANENT, EXIT_TRANSIENT, DownloadError, RemoteCorpus, fetch
 
 
 def make_zip() -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.corpus import CorpusError, SentenceSplitter, read_documents
+from trainer.data.corpus import CorpusError, SentenceSplitter, read_documents
 
 
 def test_wikitext_articles_become_documents(small_corpus):

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pysbd
 
 from model.tokenizer import UNK, WIKITEXT_UNK
 
@@ -175,6 +174,8 @@ class SentenceSplitter:
     """Rule-based splitting (pysbd: abbreviations, decimals, initials, quotes), not just on ' . '."""
 
     def __init__(self) -> None:
+        import pysbd  # here: a run on a prepared corpus (trainer.data.prepared) splits nothing, and may lack pysbd
+
         self._segmenter = pysbd.Segmenter(language="en", clean=False)
 
     def __call__(self, paragraph: str) -> list[str]:
@@ -182,7 +183,7 @@ class SentenceSplitter:
 
 
 def documents(path: str | Path, split: SentenceSplitter | None = None) -> Iterator[Document]:
-    """Documents of sentences, split here in this process (`trainer.sentences` does it on every core)."""
+    """Documents of sentences, split here in this process (`trainer.data.sentences` does it on every core)."""
     split = split or SentenceSplitter()
     current: Document | None = None
     for paragraph in paragraphs(path):

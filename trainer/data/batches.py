@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from trainer.data import PreparedData
-from trainer.examples import PairBatch, TrainingPairs, collate
-from trainer.masking import MaskedBatch, in_slots, mask_tokens, slots_per_row
+from trainer.data.examples import PairBatch, TrainingPairs, collate
+from trainer.data.masking import MaskedBatch, in_slots, mask_tokens, slots_per_row
+from trainer.data.pipeline import PreparedData
 from trainer.options import TrainOptions
 from trainer.state import Progress
 
@@ -65,7 +65,16 @@ class _Steps(IterableDataset):
 
     def __iter__(self) -> Iterator[dict]:
         progress = Progress(step=self.first, cursors=copy.deepcopy(self.cursors))
+        # With several workers, worker k of n builds the steps first + k, first + k + n, ... (the DataLoader takes
+        # them from the workers in turn: in order). Each still walks every step's pairs, since a step's data cursors
+        # are where the last step's left them (a quarter of a batch's host time); it collates and masks its own only.
+        worker = get_worker_info()
+        share, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         while True:
+            if (progress.step - self.first) % workers != share:
+                self.pairs.batch(progress.step, self.options.batch_size, progress.cursors)  # the cursors only
+                progress.step += 1
+                continue
             batch, masked = training_batch(self.pairs, progress, self.options, self.data, self.replace,
                                            self.fixed_shapes)
             # Plain containers of tensors: the DataLoader pins those (a dataclass it would pass on unpinned).
@@ -75,18 +84,19 @@ class _Steps(IterableDataset):
 
 
 class BatchStream:
-    """`next(step) -> StepBatch`, for steps `first`, `first` + 1, ... in order. `ahead` = True: built by a
-    worker process up to two steps ahead and pinned (for a CUDA device); False: built when asked for.
+    """`next(step) -> StepBatch`, for steps `first`, `first` + 1, ... in order. `ahead` = True: built by
+    `workers` worker processes, each up to two of its steps ahead, and pinned (for a CUDA device); False: built
+    when asked for.
     `fixed_shapes`: see `training_batch`."""
 
     def __init__(self, pairs: TrainingPairs, first: int, cursors: list[list[int]], options: TrainOptions,
-                 data: PreparedData, replace: torch.Tensor, ahead: bool, fixed_shapes: bool = False):
+                 data: PreparedData, replace: torch.Tensor, ahead: bool, fixed_shapes: bool = False, workers: int = 1):
         steps = _Steps(pairs, first, cursors, options, data, replace, fixed_shapes)
         if ahead:
             # fork: the worker shares the corpus instead of receiving a copy; it never touches the device.
             context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() \
                 else None
-            loader = DataLoader(steps, batch_size=None, num_workers=1, prefetch_factor=2,
+            loader = DataLoader(steps, batch_size=None, num_workers=workers, prefetch_factor=2,
                                 pin_memory=torch.cuda.is_available(),
                                 multiprocessing_context=context,
                                 # its own seed source: drawn from the global one, it would shift the dropout stream

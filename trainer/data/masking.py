@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from model.tokenizer import WordPieceTokenizer
-from trainer.examples import pad_columns
+from trainer.data.examples import pad_columns
 
 
 # The loss's ignore_index (F.cross_entropy's default): the label of a slot that holds no chosen position.

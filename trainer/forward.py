@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.bert import BertForPreTraining, key_padding_mask, rows_at
-from trainer.masking import NO_LABEL
+from trainer.data.masking import NO_LABEL
 from trainer.options import VECTOR_SOURCES, TrainOptions
 from trainer.placement import Placement
 
@@ -58,7 +58,7 @@ def pretraining_logits(model: BertForPreTraining, input_ids: torch.Tensor, token
                        clean: tuple[torch.Tensor, torch.Tensor] | None = None, padded: bool | None = None,
                        slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(MLM logits at the boolean (B, T) `mlm_positions`, (N, V) row-major, or with `slots` ((B, S) positions,
-    `trainer.masking.in_slots`) at those, (B * S, V), spare slots included; NSP logits (B, 2); mean-pooled
+    `trainer.data.masking.in_slots`) at those, (B * S, V), spare slots included; NSP logits (B, 2); mean-pooled
     last-layer vectors (B, H) of `vector_inputs(sentence_vectors, ...)`, or None). With `slots` no shape depends
     on what the device computes: the step can be captured as a CUDA graph.
 
@@ -119,9 +119,9 @@ def replays_cuda_graphs(options: TrainOptions, placement: Placement) -> bool:
             and options.grad_accum == 1)
 
 
-def compile_step(step: nn.Module, backend: str = "inductor", cuda_graphs: bool = False) -> nn.Module:
+def compile_forward(step: nn.Module, backend: str = "inductor", cuda_graphs: bool = False) -> nn.Module:
     """`step` under torch.compile, whole: for changing shapes (batch widths and masked counts change every step),
-    or, with `cuda_graphs`, for the one shape of a step in fixed slots (`trainer.masking.in_slots`), replayed as
+    or, with `cuda_graphs`, for the one shape of a step in fixed slots (`trainer.data.masking.in_slots`), replayed as
     CUDA graphs (inductor's "reduce-overhead"): one launch for the forward and one for the backward where there
     were ~1,350 kernels to launch one by one, as long on the host as the device took to run them."""
     if cuda_graphs:
@@ -139,7 +139,7 @@ def cuda_graph_skips() -> int:
     return counters["inductor"]["cudagraph_skips"]
 
 
-class PreTrainingStep(nn.Module):
+class PreTrainingForward(nn.Module):
     """The forward pass to the losses: DDP and torch.compile wrap a module's `forward`, and a compiled loss fuses
     the logits' cast to float32 with the softmax instead of writing the (N, V) logits out twice.
 
@@ -163,5 +163,5 @@ class PreTrainingStep(nn.Module):
                 (mlm.argmax(-1) == mlm_labels).sum(), (nsp.argmax(-1) == nsp_labels).sum(), vectors)
 
 
-__all__ = ["PreTrainingStep", "compile_step", "cuda_graph_skips", "first_segments", "mean_pooled", "pretraining_logits",
-           "replays_cuda_graphs", "trace_whole", "vector_inputs"]
+__all__ = ["PreTrainingForward", "compile_forward", "cuda_graph_skips", "first_segments", "mean_pooled",
+           "pretraining_logits", "replays_cuda_graphs", "trace_whole", "vector_inputs"]

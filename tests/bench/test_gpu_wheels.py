@@ -19,7 +19,8 @@ from devkit.paths import REPO_ROOT
 
 # What bench.gpu runs on the GPU machine.
 RUN_THERE = ["service", "model", "trainer", "devkit/server.py", "devkit/paths.py", "tests/gpu", "bench/gpu",
-             "bench/serving/__main__.py", "bench/serving/throughput.py", "bench/serving/load.py",
+             "bench/serving/__main__.py", "bench/serving/throughput.py", "bench/serving/in_process_limit.py",
+             "bench/serving/rows.py", "bench/serving/load.py",
              "bench/serving/naive_peer.py"]
 GPU_PYTHON = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3", "extra": ""}
 OURS = {"bench", "devkit", "model", "service", "trainer", "tests"}

@@ -3,7 +3,7 @@
 Sentence splitting is the slow part of preparing a corpus (pysbd manages about 30k words/s on one
 core of Wikipedia text), and it does not depend on the tokenizer, so it runs once per corpus and its
 result is kept: `<cache>/sentences/v<N>-<checksum>.txt`, one sentence a line, a blank line between
-documents. Tokenizers of any size are then trained and applied from that file (`trainer.tokens`).
+documents. Tokenizers of any size are then trained and applied from that file (`trainer.data.tokens`).
 
 Paragraphs are split one at a time (pysbd is much slower on a whole article passed as one string),
 in worker processes fed in chunks. At most a few chunks per worker are in flight, so memory stays
@@ -22,16 +22,13 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from trainer.corpus import Paragraph, SentenceSplitter, paragraphs
+from model.cpu_cores import usable_cores
+from trainer.data.corpus import Paragraph, SentenceSplitter, paragraphs
 
 log = logging.getLogger("trainer")
 CHUNK_PARAGRAPHS = 500
 IN_FLIGHT_PER_WORKER = 3
 _splitter: SentenceSplitter | None = None
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _split_chunk(chunk: list[Paragraph]) -> list[tuple[bool, list[str]]]:
@@ -72,7 +69,7 @@ def split_in_parallel(source: Iterable[Paragraph], workers: int) -> Iterator[tup
 
 def write_sentence_file(corpus: str | Path, target: Path, workers: int | None = None) -> dict:
     """Split `corpus` into `target` (written atomically); returns counts and speed."""
-    workers = workers or available_cores()
+    workers = workers or usable_cores()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
     started = last_report = time.perf_counter()

@@ -1,0 +1,47 @@
+"""The serving benchmark's rows (one system at one load, or the in-process limit) and their Markdown table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Row:
+    system: str
+    concurrency: int
+    requests: int
+    seconds: float
+    requests_per_s: float
+    sequences_per_s: float
+    tokens_per_s: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_batch: float | None = None
+    padding: float | None = None
+    vs_limit: float | None = None
+    inputs_per_request: int = 1
+    # Where a service row's time went, from its /metrics: the mean engine.run of a batch, launch to results (compare
+    # the in-process limit's time per batch), engine.run's seconds per second of the row (up to the number of runners;
+    # up to twice that on a GPU, where the next batch is launched before the last one's results are read), and the
+    # mean wait of an input in the queue. A low busy share with short batches says the engine is starved upstream.
+    batch_ms: float | None = None
+    engine_busy: float | None = None
+    queue_ms: float | None = None
+    # CUDA graphs: the share of batches replayed as one, and the rows they added beyond the real tokens (per real token)
+    graphed: float | None = None
+    graph_padding: float | None = None
+
+
+def table(rows: list[Row], best_arrangement: str) -> str:
+    head = ("| system | concurrency | inputs/request | req/s | seq/s | tokens/s | p50 ms | p95 ms | p99 ms | "
+            "mean batch | padding | vs limit |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+        conc = f"– ({best_arrangement})" if r.concurrency == 0 else str(r.concurrency)
+        lines.append(f"| {r.system} | {conc} | {r.inputs_per_request or '–'} | {r.requests_per_s:.1f} | "
+                     f"{r.sequences_per_s:.1f} | {r.tokens_per_s:,.0f} | "
+                     f"{fmt(r.p50_ms or None, '.1f')} | {fmt(r.p95_ms or None, '.1f')} | {fmt(r.p99_ms or None, '.1f')} | "
+                     f"{fmt(r.mean_batch, '.1f')} | {fmt(r.padding, '.1%')} | {fmt(r.vs_limit, '.2f')} |")
+    return "\n".join(lines)
