@@ -93,12 +93,13 @@ Waiter = Watch | None  # how to learn that the caller has gone (service.frontend
 class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
-                 classifier_pairs: bool = False):
+                 classifier_pairs: bool = False, deadline_grace_s: float = 2.0):
         self.tokenizer = tokenizer
         self.engine = engine
         self.limits = limits
         self.metrics = metrics
         self.queue_timeout_s = queue_timeout_s
+        self.deadline_grace_s = deadline_grace_s  # past the deadline, for a batch that reached the device in time
         self.has_mlm_head = has_mlm_head
         self.has_nsp_head = has_nsp_head
         self.width = width  # the encoder's hidden size: the length of every vector
@@ -219,10 +220,13 @@ class FrontDoor:
         return result
 
     async def _compute(self, items: list[Item], gone: Waiter) -> list:
-        """Queue the items and wait for their results, or until `gone` says the caller left."""
+        """Queue the items and wait for their results, until `gone` says the caller left, or until the deadline and
+        its grace unless the engine is computing then (`_past_deadline`): a stuck engine (a stopped process, a hung
+        device) answers nothing, and no client waits on it longer than this."""
         pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s)
-        if gone is None:
-            return await pending.result  # a failed item has already cancelled the rest of the request
+        timer: list[asyncio.TimerHandle] = []  # the one armed now (_past_deadline arms the next)
+        timer.append(asyncio.get_running_loop().call_later(self.queue_timeout_s + self.deadline_grace_s,
+                                                           self._past_deadline, pending, timer))
         left = False
 
         def on_gone() -> None:
@@ -231,15 +235,33 @@ class FrontDoor:
             pending.cancel()  # the engine drops this request's queued entries before compute
             pending.result.cancel()
 
-        stop_watching = gone(on_gone)
+        stop_watching = gone(on_gone) if gone is not None else None
         try:
-            return await pending.result
+            return await pending.result  # a failed item has already cancelled the rest of the request
         except asyncio.CancelledError:
             if not left:
                 raise  # this task itself was cancelled
             raise ServiceError("unavailable", "client disconnected") from None
         finally:
-            stop_watching()
+            timer[-1].cancel()
+            if stop_watching is not None:
+                stop_watching()
+
+    def _past_deadline(self, pending, timer: list[asyncio.TimerHandle]) -> None:
+        """A request still unanswered at its deadline and grace. An engine that moves answers a request past its
+        deadline itself, so one that is computing has the request on the device: look again a little later, for
+        as long as it moves. Otherwise answer 503 without it."""
+        if pending.result.done():
+            return
+        if self.engine.computing():
+            timer.append(asyncio.get_running_loop().call_later(min(1.0, max(0.1, self.deadline_grace_s)),
+                                                               self._past_deadline, pending, timer))
+            return
+        pending.cancel()  # the engine drops what it still holds of the request, should it wake up
+        reason = self.engine.failure() or "the engine has not been heard from"
+        pending.result.set_exception(ServiceError(
+            "unavailable", f"no answer within the request's deadline ({self.queue_timeout_s:g} s): {reason}",
+            retry_after_s=1))
 
     def _predictions(self, input_ids: list[int], result: FillMaskScores) -> list[MaskOutput]:
         tokenizer = self.tokenizer
