@@ -258,7 +258,7 @@ class FrontDoor:
                                                                self._past_deadline, pending, timer))
             return
         pending.cancel()  # the engine drops what it still holds of the request, should it wake up
-        reason = self.engine.failure() or "the engine has not been heard from"
+        reason = self.engine.failure() or "the engine is not responding"
         pending.result.set_exception(ServiceError(
             "unavailable", f"no answer within the request's deadline ({self.queue_timeout_s:g} s): {reason}",
             retry_after_s=1))
