@@ -137,7 +137,8 @@ class Settings(BaseSettings):
     warmup: bool = Field(True, description="Run a warm-up batch before reporting healthy (first requests are not slow).")
     drain_seconds: float = Field(0.0, ge=0, description=(
         "On SIGTERM, keep answering 503 to new requests for this long (so load balancers notice) while "
-        "accepted requests finish, then stop."))
+        "accepted requests finish, then stop. Every answer while draining closes its connection, so keep-alive "
+        "clients reconnect (elsewhere, behind a balancer) rather than lose a request when the server stops."))
     root_task: Literal["auto", "feature-extraction", "fill-mask", "sentence-similarity", "text-classification"] = Field(
         "auto", description=(
             "What POST / (and /invocations) answers, for the Hugging Face InferenceClient and TEI-style clients that "

@@ -60,11 +60,11 @@ class CloseWhenDraining:
         self.lifecycle = lifecycle  # service.frontend.runtime.Lifecycle: its state says whether we drain
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+        if scope["type"] != "http" or self.lifecycle.state != "draining":
+            return await self.app(scope, receive, send)  # (one begun before the drain may keep its connection)
 
         async def send_closing(message):
-            if message["type"] == "http.response.start" and self.lifecycle.state == "draining":
+            if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
                 message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
