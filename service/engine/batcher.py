@@ -94,7 +94,7 @@ class Batcher:
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
-        self._progress_at = time.monotonic()  # when a taken batch was last done with, or work arrived at an idle batcher
+        self._progress_at = time.monotonic()  # when a taken batch was last done with, or work came to an idle one
 
     # ---- life cycle ----------------------------------------------------------------------------
 

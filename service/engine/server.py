@@ -1,10 +1,11 @@
 """The engine process (`--workers N`): the one owner of the device, the model and the batcher.
 
 Front ends PUSH `service.messages` (Hello, Submit, Cancel) to its PULL socket and hear back on their
-own topic of its PUB socket (Status, Done, Failed, and a Heartbeat to all a few times a second). A Submit goes into the batcher exactly as in the
-one-process server; when a batch finishes requests, the runner thread that ran it sends them to each
-front end as one message (`Replies`). No event loop: this process's main thread only reads the socket
-and queues, so it takes little of the GIL from the threads that feed the device.
+own topic of its PUB socket (Status, Done, Failed; a Heartbeat goes to all a few times a second). A Submit
+goes into the batcher exactly as in the one-process server; when a batch finishes requests, the runner
+thread that ran it sends them to each front end as one message (`Replies`). No event loop: this process's
+main thread only reads the socket, queues and sends the heartbeat, so it takes little of the GIL from the
+threads that feed the device.
 
 Loading runs in a thread while the socket already answers Hello with the loading Status, so the front
 ends can say what is happening on /health. Started by `service.supervisor` (`python -m

@@ -126,6 +126,27 @@ def test_headers_that_never_finish_are_cut(server):
     partial.close()
 
 
+def test_oversized_headers_are_refused(server):
+    """Within its deadline a fast client could send megabytes of headers, every one kept by the parser."""
+    _, url = server
+    sock = connect(url)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n")
+    try:
+        for n in range(100):  # 100 x 1 KiB headers: refused past 64 KiB
+            sock.sendall(b"X-Filler-%d: %s\r\n" % (n, b"a" * 1024))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed by the server mid-way: what is checked below
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    assert data.startswith(b"HTTP/1.1 400 "), data[:200]
+    sock.close()
+    assert httpx.get(url + "/live").status_code == 200
+
+
 def test_connections_beyond_the_cap_are_refused_with_503(tiny_checkpoint):
     process, url = start_service(tiny_checkpoint, "--workers", "0", "--max-connections", "8")
     try:
