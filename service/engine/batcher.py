@@ -206,7 +206,12 @@ class Batcher:
         chosen_ids = {id(e) for e in chosen}
         self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
         self._queued_tokens -= sum(e.length for e in chosen)
-        # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly.
+        # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly. An
+        # empty queue has none, so that the next entry counts as sooner and wakes the packer: with a batch prepared,
+        # the packer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
+        # that entry at its deadline.
+        if not self._queue:
+            self._earliest_deadline = float("inf")
         self.metrics.queue_depth.set(len(self._queue))
         return chosen
 

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
+from service.frontend.deadlines import DeadlineWatch
 from service.frontend.disconnects import Watch
 from service.frontend.link import EngineLink
 from service.frontend.inputs import (
@@ -99,7 +100,7 @@ class FrontDoor:
         self.limits = limits
         self.metrics = metrics
         self.queue_timeout_s = queue_timeout_s
-        self.deadline_grace_s = deadline_grace_s  # past the deadline, for a batch that reached the device in time
+        self.deadlines = DeadlineWatch(queue_timeout_s + deadline_grace_s, engine.computing, self._give_up)
         self.has_mlm_head = has_mlm_head
         self.has_nsp_head = has_nsp_head
         self.width = width  # the encoder's hidden size: the length of every vector
@@ -220,13 +221,10 @@ class FrontDoor:
         return result
 
     async def _compute(self, items: list[Item], gone: Waiter) -> list:
-        """Queue the items and wait for their results, until `gone` says the caller left, or until the deadline and
-        its grace unless the engine is computing then (`_past_deadline`): a stuck engine (a stopped process, a hung
-        device) answers nothing, and no client waits on it longer than this."""
+        """Queue the items and wait for their results, until `gone` says the caller left, or until the deadline
+        and its grace (`service.frontend.deadlines`): a stuck engine answers nothing, and no client waits on it."""
         pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s)
-        timer: list[asyncio.TimerHandle] = []  # the one armed now (_past_deadline arms the next)
-        timer.append(asyncio.get_running_loop().call_later(self.queue_timeout_s + self.deadline_grace_s,
-                                                           self._past_deadline, pending, timer))
+        watched = self.deadlines.watch(pending)
         left = False
 
         def on_gone() -> None:
@@ -243,20 +241,12 @@ class FrontDoor:
                 raise  # this task itself was cancelled
             raise ServiceError("unavailable", "client disconnected") from None
         finally:
-            timer[-1].cancel()
+            self.deadlines.forget(watched)
             if stop_watching is not None:
                 stop_watching()
 
-    def _past_deadline(self, pending, timer: list[asyncio.TimerHandle]) -> None:
-        """A request still unanswered at its deadline and grace. An engine that moves answers a request past its
-        deadline itself, so one that is computing has the request on the device: look again a little later, for
-        as long as it moves. Otherwise answer 503 without it."""
-        if pending.result.done():
-            return
-        if self.engine.computing():
-            timer.append(asyncio.get_running_loop().call_later(min(1.0, max(0.1, self.deadline_grace_s)),
-                                                               self._past_deadline, pending, timer))
-            return
+    def _give_up(self, pending) -> None:
+        """Answer a request the engine has not answered by its deadline and grace, and is not computing."""
         pending.cancel()  # the engine drops what it still holds of the request, should it wake up
         reason = self.engine.failure() or "the engine is not responding"
         pending.result.set_exception(ServiceError(

@@ -108,3 +108,25 @@ async def test_a_hung_compute_thread_is_noticed_in_one_process(tiny_checkpoint):
             assert time.monotonic() < deadline, "/live did not come back"
             await asyncio.sleep(0.05)
         assert (await client.post("/encode", json={"inputs": "a river"})).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_the_engine_drops_a_request_at_its_deadline_while_its_device_hangs(tiny_checkpoint):
+    """One batch on the hung device, the next prepared, and a request queued behind them: the engine itself answers
+    it at its deadline. (The packer slept without a timeout over the then-empty queue, and the entry's deadline,
+    later than a stale earlier one, did not wake it: the request waited for as long as the device hung.)"""
+    HangingEngine.release.clear()
+    HangingEngine.entered.clear()
+    async with serving(tiny_checkpoint, engine_factory=HangingEngine, queue_timeout_s=0.3, deadline_grace_s=10,
+                       stall_timeout_s=30, max_batch_size=1, concurrent_batches=1, warmup=False) as client:
+        try:
+            blockers = [asyncio.ensure_future(client.post("/encode", json={"inputs": "first"})) for _ in range(2)]
+            assert await asyncio.to_thread(HangingEngine.entered.wait, 10)
+            await asyncio.sleep(0.1)  # the second is prepared by now, the queue empty
+            started = time.monotonic()
+            late = await asyncio.wait_for(client.post("/encode", json={"inputs": "waits too long"}), 5)
+            assert late.status_code == 503 and "waited in the queue past its deadline" in late.json()["error"]
+            assert time.monotonic() - started < 0.3 + 0.3
+        finally:
+            HangingEngine.release.set()
+        assert [b.status_code for b in await asyncio.gather(*blockers)] == [200, 200]
