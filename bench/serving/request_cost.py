@@ -69,6 +69,9 @@ class AnswerAtOnce:
     def failure(self):
         return None
 
+    def computing(self) -> bool:
+        return True
+
     async def stop(self) -> None:
         return
 

@@ -34,9 +34,10 @@ class DeadlineWatch:
         """Start watching `pending` (a `service.frontend.link.Pending`); returns the key for `forget`."""
         key = next(self._keys)
         loop = asyncio.get_running_loop()
-        self._waiting[key] = (loop.time() + self.wait_s, pending)
+        when = loop.time() + self.wait_s
+        self._waiting[key] = (when, pending)
         if self._timer is None:
-            self._timer = loop.call_at(loop.time() + self.wait_s, self._look)
+            self._timer = loop.call_at(when, self._look)
         return key
 
     def forget(self, key: int) -> None:
