@@ -23,6 +23,7 @@ import signal
 import socket
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -81,9 +82,11 @@ def answers_of(sockets: list[socket.socket], since: float, timeout_s: float) -> 
 def stalled_bodies_drill(url: str, stalled: int, requests: int) -> dict:
     sockets = stalled_connections(url, stalled)
     opened = time.monotonic()
-    statuses, latencies = asyncio.run(complete_requests(url, requests))
-    answered_in = time.monotonic() - opened
-    stalled_statuses, closed_at = answers_of(sockets, opened, timeout_s=120)
+    with ThreadPoolExecutor(1) as reader:  # the stalled connections' answers, timed as they come
+        stalled_answers = reader.submit(answers_of, sockets, opened, 120)
+        statuses, latencies = asyncio.run(complete_requests(url, requests))
+        answered_in = time.monotonic() - opened
+        stalled_statuses, closed_at = stalled_answers.result()
     return {"stalled_connections": stalled, "complete_requests": requests,
             "complete_statuses": dict(statuses), "complete_p50_ms": round(1000 * float(np.median(latencies)), 1),
             "complete_max_ms": round(1000 * max(latencies), 1), "complete_all_answered_after_s": round(answered_in, 2),
