@@ -94,6 +94,7 @@ class Batcher:
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
+        self._progress_at = time.monotonic()  # when a taken batch was last done with, or work came to an idle one
 
     # ---- life cycle ----------------------------------------------------------------------------
 
@@ -119,6 +120,12 @@ class Batcher:
         """Whether every packing and compute thread is still running (liveness: a dead one never comes back)."""
         return all(thread.is_alive() for thread in self._threads)
 
+    def stalled_for(self) -> float:
+        """Seconds the batcher has had work (queued, being prepared or computed) without finishing a batch; 0 while
+        idle. A hung device, a deadlocked thread or a stopped process shows here (the engine's heartbeat)."""
+        busy = self._queue or self._running or self._prepared is not None or self._collating
+        return max(0.0, time.monotonic() - self._progress_at) if busy else 0.0
+
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -135,6 +142,8 @@ class Batcher:
                 raise ServiceError("overloaded", f"the queue is full ({len(self._queue)} inputs waiting); retry later",
                                    retry_after_s=wait)
             now = time.monotonic()
+            if not (self._queue or self._running or self._prepared is not None or self._collating):
+                self._progress_at = now  # an idle batcher's clock starts with its work
             entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
             self._queue.extend(entries)
             self._queued_tokens += sum(e.length for e in entries)
@@ -197,7 +206,12 @@ class Batcher:
         chosen_ids = {id(e) for e in chosen}
         self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
         self._queued_tokens -= sum(e.length for e in chosen)
-        # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly.
+        # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly. An
+        # empty queue has none, so that the next entry counts as sooner and wakes the packer: with a batch prepared,
+        # the packer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
+        # that entry at its deadline.
+        if not self._queue:
+            self._earliest_deadline = float("inf")
         self.metrics.queue_depth.set(len(self._queue))
         return chosen
 
@@ -277,6 +291,7 @@ class Batcher:
         """A taken batch is done with (answered, failed or dropped)."""
         with self._lock:
             self._running -= 1
+            self._progress_at = time.monotonic()
             self._cond.notify()
 
     def _alive(self, chosen: list[Entry], batch: PreparedBatch) -> tuple[list[Entry], PreparedBatch | None]:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from service.frontend.api_key import ApiKey
 from service.frontend.fast_routes import FastRoutes
-from service.frontend.guards import Admission, BodyLimit, InFlight, RequestMetrics
+from service.frontend.guards import Admission, BodyLimit, CloseWhenDraining, InFlight, RequestMetrics
 from service.frontend.http_errors import install_error_handlers
 from service.frontend.pages import mount_assets, pages, playground_page
 from service.frontend.routes import api, public
@@ -98,10 +98,12 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     metrics = runtime.metrics
     if fast_routes:
         app.add_middleware(FastRoutes, routes=routes, on_error=count_failure)
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label)
+    # Listed innermost first. Admission sits inside BodyLimit: a request counts once its body is in.
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
                        route_label=route_label, in_flight=admission or InFlight())
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
+                       route_label=route_label, idle_timeout_s=settings.body_idle_timeout_s,
+                       total_timeout_s=settings.body_timeout_s)
     # Outside admission and the body checks: without the key, 401 and nothing else (service.frontend.api_key).
     keyed = {(method, r.path) for router in routers if router is not public
              for r in router.routes for method in r.methods}
@@ -109,5 +111,6 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
         keyed.add(("GET", "/metrics"))
     app.add_middleware(ApiKey, key=settings.api_key, keyed=frozenset(keyed),
                        on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized").inc())
+    app.add_middleware(CloseWhenDraining, lifecycle=runtime.lifecycle)
     app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
     return app

@@ -83,15 +83,16 @@ async def info(state: State) -> Response:
 
 @public.get("/health", response_model=Health, responses={503: {"model": ErrorBody}}, summary="Readiness")
 async def health(state: State) -> Response:
-    """200 once the model is loaded and warmed up; 503 while loading and while shutting down."""
-    state.lifecycle.require_ready()
-    return json_response({"status": "ok"})
+    """200 once the model is loaded and warmed up; 503 while loading, while shutting down, and while the engine
+    cannot compute (dead or stuck: the error says why)."""
+    return json_response(state.health())
 
 
 @public.get("/live", response_model=Liveness, responses={503: {"model": ErrorBody}}, summary="Liveness")
 async def live(state: State) -> Response:
-    """200 while the process can still make progress: loading, ready (however busy) or draining. 503 only when
-    it cannot recover (the model failed to load, or a batching thread died): restart it. Readiness is /health."""
+    """200 while the process can still make progress: loading, ready (however busy) or draining. 503 when it cannot
+    (the model failed to load, a batching thread or the engine process died, or the engine has had work and
+    finished nothing for stall_timeout_s): restart it. Readiness is /health."""
     return json_response(state.live())
 
 

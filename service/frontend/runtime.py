@@ -130,14 +130,24 @@ class Runtime:
         self.checkpoint, self.facts = checkpoint, facts
         self.frontdoor = FrontDoor(checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s,
                                    facts.has_mlm_head, facts.has_nsp_head, checkpoint.config.hidden_size,
-                                   facts.num_labels, reads_pairs(checkpoint, s.classifier_pairs))
+                                   facts.num_labels, reads_pairs(checkpoint, s.classifier_pairs),
+                                   deadline_grace_s=s.deadline_grace_s)
         self.lifecycle.ready()
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, facts.device, facts.dtype,
                  time.perf_counter() - started)
 
+    def health(self) -> dict:
+        """Readiness: loaded, not draining, and an engine that can compute (not dead, not stuck)."""
+        self.lifecycle.require_ready()
+        failure = self.link.failure()
+        if failure is not None:
+            raise ServiceError("unavailable", failure)
+        return {"status": "ok"}
+
     def live(self) -> dict:
         """Liveness, which is not readiness: loading, busy and draining servers are alive (restarting them would
-        only lose work); a failed load or a dead packing/compute thread is not, since neither recovers."""
+        only lose work); a failed load, a dead packing/compute thread or engine process, or an engine that has had
+        work and made no progress for stall_timeout_s is not (the last may recover by itself; a restart will)."""
         state = self.lifecycle.state
         if state == "failed":
             raise ServiceError("unavailable", f"the server cannot compute: {self.lifecycle.failure}")

@@ -27,7 +27,7 @@ def main() -> int:
     slot = record["slot"]
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s front-end-{slot}: %(message)s")
-    link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"])
+    link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"], settings.stall_timeout_s)
     runtime = Runtime(settings, link)
     runtime.source = ResolvedCheckpoint(Path(settings.checkpoint), **record["source"])
     app = create_http_app(runtime, SharedInFlight(Path(record["in_flight"]), slot))
