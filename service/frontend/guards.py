@@ -7,13 +7,12 @@
 - `BodyLimit`: JSON content type (415), the body size limit (413) and the body's deadlines (408: no bytes for
   `body_idle_timeout_s`, or not whole within `body_timeout_s`; the connection is closed), the body read here
   and replayed;
-- `Admission`: at most `max_concurrent_requests` API requests at once (over every front-end process,
-  `service.frontend.admission`); beyond, 429 at once.
-
-Admission counts a request only once its body is in: a client that sends its headers and stalls holds a
-connection (bounded by the body deadlines and `max_connections`, `service.frontend.connections`), never one
-of the slots complete requests need. Reading a body that is already in the socket's buffer (nearly every
-request's) costs next to nothing, so refusals under a flood stay immediate.
+and, beside them, `service.frontend.admission.Admission`: at most `max_concurrent_requests` API requests at once
+(over every front-end process); beyond, 429 at once. It sits inside `BodyLimit` and counts a request only once
+its body is in: a client that sends its headers and stalls holds a connection (bounded by the body deadlines
+and `max_connections`, `service.frontend.connections`), never one of the slots complete requests need. Reading
+a body that is already in the socket's buffer (nearly every request's) costs next to nothing, so refusals under
+a flood stay immediate.
 """
 
 from __future__ import annotations
@@ -71,43 +70,6 @@ class CloseWhenDraining:
             await send(message)
 
         await self.app(scope, receive, send_closing)
-
-
-class InFlight:
-    """Requests in flight in this process: the admission count of a server with one front end."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def total(self) -> int:
-        return self.count
-
-    def add(self, delta: int) -> None:
-        self.count += delta
-
-
-class Admission:
-    def __init__(self, app, limit: int, api_routes: frozenset[str], metrics: Metrics, route_label,
-                 in_flight: InFlight):
-        self.app = app
-        self.limit = limit
-        self.api_routes = api_routes  # the POST routes that compute
-        self.metrics = metrics
-        self.route_label = route_label
-        self.in_flight = in_flight  # this process's count, or one shared by every front end
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.api_routes:
-            return await self.app(scope, receive, send)
-        if self.in_flight.total() >= self.limit:
-            self.metrics.failures.labels(self.route_label(scope["path"]), "overloaded").inc()
-            return await error_response("overloaded", f"{self.limit} requests are being handled already; retry later",
-                                        scope["path"], retry_after_s=1)(scope, receive, send)
-        self.in_flight.add(1)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight.add(-1)
 
 
 class BodyLate(Exception):
