@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.frontend.body import ParsedBodyRoute
+from service.frontend.deps import ERRORS, Door, State
 from service.frontend.disconnects import client_gone
-from service.frontend.frontdoor import FrontDoor
-from service.frontend.http_errors import STATUS
 from service.frontend.inputs import Preparation
 from service.frontend.outputs import encode_result, fill_mask_result, json_response, nsp_result
-from service.frontend.runtime import Runtime
 from service.frontend.schemas import (
     EncodeRequest,
     EncodeResponse,
@@ -25,23 +21,6 @@ from service.frontend.schemas import (
     NspRequest,
     NspResponse,
 )
-
-# The dependencies are coroutines on purpose: FastAPI runs plain-function dependencies in its thread
-# pool, and those hops cost every request CPU time and GIL hand-offs that slow the compute threads.
-
-
-async def get_runtime(request: Request) -> Runtime:
-    return request.app.state.runtime
-
-
-async def get_frontdoor(request: Request) -> FrontDoor:
-    """The loaded model's front door; 503 while loading or shutting down."""
-    return request.app.state.runtime.ready_frontdoor()
-
-
-Door = Annotated[FrontDoor, Depends(get_frontdoor)]
-State = Annotated[Runtime, Depends(get_runtime)]
-ERRORS = {status: {"model": ErrorBody} for status in sorted(set(STATUS.values()) - {404, 405})}
 
 api = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["BERT"])
 public = APIRouter(tags=["Operations"])
