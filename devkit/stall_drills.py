@@ -1,5 +1,5 @@
 """Drills of slow clients and a stuck engine against a real `--workers 2` server on loopback, with the service's
-default settings and the bundled model (the figures of RELIABILITY.md; tests/service/test_slow_clients.py and
+default settings and the bundled model (the figures of RELIABILITY.md; tests/service/frontend/test_slow_clients.py and
 test_stuck_engine.py run the same with short settings):
 
 - stalled bodies: `--stalled` connections send their headers and part of a body, then nothing; meanwhile

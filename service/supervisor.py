@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from prometheus_client import multiprocess
 
