@@ -8,7 +8,7 @@ from __future__ import annotations
 
 KINDS = frozenset({
     "validation", "empty", "unsupported", "unauthorized", "payload_too_large", "unsupported_media_type", "overloaded",
-    "unavailable", "not_found", "method_not_allowed", "internal",
+    "unavailable", "not_found", "method_not_allowed", "internal", "request_timeout",
 })
 
 

@@ -5,8 +5,8 @@ their wire form, and the channel that carries them. Messages are plain dataclass
 is a one-entry msgpack map from its type tag to its fields, and a numpy array one holding its dtype,
 shape and raw bytes (no pickle: nothing on the wire can name code to run).
 
-    HTTP front end  --Hello, Submit, Cancel-->  engine   PUSH -> PULL: [identity, message, message, ...]
-    HTTP front end  <--Status, Done, Failed---  engine   PUB -> SUB:   [topic(identity), message, ...]
+    HTTP front end  --Hello, Submit, Cancel--------------> engine   PUSH -> PULL: [identity, message, message, ...]
+    HTTP front end  <--Status, Done, Failed, Heartbeat---  engine   PUB -> SUB:   [topic(identity), message, ...]
 
 Both sides put every message they have at one moment into one ZeroMQ message (a front end its requests
 of one pass of its event loop, the engine the requests one batch finished for that front end): the
@@ -97,6 +97,27 @@ class Status:
 
 
 @dataclass
+class Heartbeat:
+    """The engine's pulse, to every front end a few times a second once it is ready: how long it has had work
+    without finishing a batch. Its absence says the engine process is stopped or hung; its value that a thread
+    or the device is."""
+
+    stalled_for: float  # seconds; 0 while idle or making progress
+
+    def problem(self, stall_timeout_s: float) -> str | None:
+        """Why the engine counts as stuck, or None."""
+        if self.stalled_for <= stall_timeout_s:
+            return None
+        return (f"the engine has had work and finished no batch for {self.stalled_for:.0f} s (a hung device or "
+                "thread); restart the server")
+
+
+def heartbeat_every(stall_timeout_s: float) -> float:
+    """Seconds between the engine's Heartbeats: often enough that a few missed say more than a slow thread."""
+    return min(0.5, stall_timeout_s / 5)
+
+
+@dataclass
 class Done:
     request_id: int
     results: list[Result]
@@ -112,12 +133,12 @@ class Failed:
     retry_after_s: float | None = None
 
 
-Message = Hello | Submit | Cancel | Status | Done | Failed
+Message = Hello | Submit | Cancel | Status | Done | Failed | Heartbeat
 
 # Tags are the wire format: append, never renumber.
 _TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, FillMaskItem, NspItem, ClassifyItem,
           SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector,
-          TokenClassifyItem, QaItem, TokenLogits, SpanLogits)
+          Heartbeat, TokenClassifyItem, QaItem, TokenLogits, SpanLogits)
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
 _ARRAY = -1  # the map key of a numpy array: {-1: [dtype, shape, raw bytes]}
@@ -169,7 +190,7 @@ def decode(frame: bytes) -> Message:
         message = msgpack.unpackb(frame, object_hook=_unwire, strict_map_key=False, raw=False)
     except (KeyError, IndexError, TypeError) as exc:  # a map that is no message of ours
         raise ValueError(f"not a message: {exc}") from None
-    if not isinstance(message, (Hello, Submit, Cancel, Status, Done, Failed)):
+    if not isinstance(message, (Hello, Submit, Cancel, Status, Done, Failed, Heartbeat)):
         raise ValueError("not a message")
     return message
 

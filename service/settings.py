@@ -87,9 +87,38 @@ class Settings(BaseSettings):
     queue_timeout_s: float = Field(30.0, gt=0, description=(
         "Deadline for an input to reach the device; past it the request gets 503 and the input is not computed."))
     max_concurrent_requests: int = Field(512, ge=1, description=(
-        "Requests on the computing routes (every POST) handled at once; beyond it 429 with Retry-After at once, before "
-        "the body is read (like text-embeddings-inference's --max-concurrent-requests). Lower bounds the wait of "
-        "accepted requests under a flood; higher lets more clients queue."))
+        "Requests on the computing routes (every POST) handled at once, counted from the moment a request's body is "
+        "in (a client still sending holds no slot); beyond it 429 with Retry-After at once (like "
+        "text-embeddings-inference's --max-concurrent-requests). Lower bounds the wait of accepted requests under a "
+        "flood; higher lets more clients queue."))
+    deadline_grace_s: float = Field(2.0, ge=0, description=(
+        "How long past its queue deadline (queue_timeout_s) a request still waits for a batch that reached the "
+        "device in time; then the front end answers 503 itself, whatever the engine does, so a stuck engine makes "
+        "nobody wait longer. Longer suits batches slower than this (a slow CPU with large batches: their requests "
+        "would get 503 though computed); shorter bounds the worst wait."))
+    stall_timeout_s: float = Field(15.0, gt=0, description=(
+        "An engine that has work and finishes no batch for this long (or, with --workers N, sends no heartbeat for "
+        "this long) is stuck (a hung device, a deadlock, a stopped process): /live answers 503 so the orchestrator "
+        "restarts the server, /health says why, and new requests get 503 at once. Keep it well above the longest "
+        "batch; shorter notices a hang sooner, at the risk of restarting a merely slow server."))
+    header_timeout_s: float = Field(10.0, gt=0, description=(
+        "Most seconds a connection may take to send a request's headers (from its first byte, or from the "
+        "connection's opening); past it, 408 and the connection is closed. Bounds what a client that never finishes "
+        "its headers holds (a connection, no admission slot). Longer suits very slow links; shorter frees those "
+        "connections sooner."))
+    body_idle_timeout_s: float = Field(5.0, gt=0, description=(
+        "Most seconds between two pieces of a request's body; a body that stalls longer gets 408 (JSON) and its "
+        "connection is closed. A request holds an admission slot only once its body is in, so stalled bodies "
+        "cannot starve complete requests; this bounds how long each holds its connection. Longer suits clients "
+        "on very slow links; shorter frees stalled connections sooner."))
+    body_timeout_s: float = Field(30.0, gt=0, description=(
+        "Most seconds a request's body may take to arrive in full, however steadily it trickles; past it, 408 and "
+        "the connection is closed. Bounds a client that sends one byte just inside body_idle_timeout_s for ever."))
+    max_connections: int = Field(2048, ge=1, description=(
+        "Open client connections per front-end process (per server with --workers 0); a request on a connection "
+        "beyond it is answered 503 (JSON, Retry-After) and that connection closed. Bounds the file descriptors "
+        "and memory that idle or slow clients can hold; keep it above max_concurrent_requests plus the idle "
+        "keep-alive connections of your clients and load balancer."))
     keep_alive_s: float = Field(75.0, gt=0, description=(
         "Seconds an idle client connection stays open. Longer than clients keep idle connections (httpx 5 s, "
         "browsers about 60 s), so a client never sends a request on a connection the server is closing."))
@@ -120,7 +149,8 @@ class Settings(BaseSettings):
     warmup: bool = Field(True, description="Run a warm-up batch before reporting healthy (first requests are not slow).")
     drain_seconds: float = Field(0.0, ge=0, description=(
         "On SIGTERM, keep answering 503 to new requests for this long (so load balancers notice) while "
-        "accepted requests finish, then stop."))
+        "accepted requests finish, then stop. Every answer while draining closes its connection, so keep-alive "
+        "clients reconnect (elsewhere, behind a balancer) rather than lose a request when the server stops."))
     root_task: Literal["auto", "feature-extraction", "fill-mask", "sentence-similarity", "text-classification",
                        "token-classification", "question-answering"] = Field(
         "auto", description=(

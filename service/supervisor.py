@@ -15,6 +15,8 @@ in one shared file (one admission limit) and write metrics where every /metrics 
   policy, Kubernetes) starts the server afresh with a clean device.
 - SIGTERM or SIGINT: the front ends drain (see `drain_seconds`) and exit; then the engine computes what
   is still queued and exits; then the supervisor exits 0. Nothing accepted is lost.
+- Killed with SIGKILL, the supervisor leaves its directory behind; the next start on the host removes it
+  (`service.workdir`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from prometheus_client import multiprocess
 
@@ -38,6 +38,7 @@ from service.frontend.admission import create_slots
 from service.launch import launch_record
 from service.metrics import MULTIPROCESS_DIR
 from service.settings import Settings
+from service.workdir import create_work_directory, remove_abandoned
 
 log = logging.getLogger("service")
 RESTART_DELAY_S = 0.5
@@ -60,7 +61,8 @@ class Supervisor:
         self.settings = settings.model_copy(update={"workers": workers, "checkpoint": str(source.path)})
         self.source = {"hub_id": source.hub_id, "revision": source.revision, "commit": source.commit}
         self.workers = workers
-        self.directory = Path(tempfile.mkdtemp(prefix="bert-serve-"))
+        remove_abandoned()  # what supervisors killed with SIGKILL left behind
+        self.directory = create_work_directory()
         self.in_flight = self.directory / "in-flight"
         self.metrics_dir = self.directory / "metrics"
         self.front_ends: dict[int, subprocess.Popen] = {}

@@ -23,8 +23,8 @@ SITE = REPO_ROOT / ".whl" / "gpu-site"  # where they are installed (ignored by g
 MARK = "BERT_GPU_SITE"  # set in the re-run process: the install happened, do not loop
 # Modules whose absence means the wheels must be installed (what service/, the trainer and bench.gpu import
 # beyond the machine's own packages); py-spy is a program.
-NEEDED_MODULES = ("fastapi", "uvicorn", "pydantic_settings", "orjson", "prometheus_client", "fastapi_offline",
-                  "opentelemetry", "zmq", "msgpack", "pysbd")
+NEEDED_MODULES = ("fastapi", "uvicorn", "httptools", "pydantic_settings", "orjson", "prometheus_client",
+                  "fastapi_offline", "opentelemetry", "zmq", "msgpack", "pysbd")
 NEEDED_PROGRAMS = ("py-spy",)
 
 # The Python packages such a GPU machine's python3 already holds (its package list, read 2026-11-17), normalised

@@ -69,6 +69,9 @@ class AnswerAtOnce:
     def failure(self):
         return None
 
+    def computing(self) -> bool:
+        return True
+
     async def stop(self) -> None:
         return
 
@@ -121,11 +124,13 @@ async def front_end_us(checkpoint: Path, texts: list[str], per_request: int, req
 
 class _Cycle:
     """One request as uvicorn's request object holds it: the body, then nothing until the client leaves (it
-    stays), and `disconnected` for the front end's watch (service.frontend.disconnects)."""
+    stays), `disconnected` for the front end's watch (service.frontend.disconnects) and `more_body` False (the
+    whole body is in, as it is for nearly every request by the time the app runs)."""
 
     def __init__(self, body: bytes):
         self.body = body
         self.disconnected = False
+        self.more_body = False
         self.never = asyncio.Event()
 
     async def receive(self):

@@ -10,7 +10,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.engine.batcher import BatchEngine, BatchPolicy, Entry
+    from service.engine.batch_types import BatchEngine, BatchPolicy
+    from service.engine.tickets import Entry
 
 Flops = Callable[[int, int, int, int], tuple[float, float]]
 _LENGTH = attrgetter("length")
@@ -38,7 +39,7 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
     size, budget, cap = len(by_length), policy.max_batch_tokens, policy.max_padding_fraction
     # The loop below runs a few dozen times per batch on the packer's thread, so it is written out: each side's
     # candidate is priced inline (one call where the model prices), and the sides compared as (share, side)
-    # tuples would be, the longer side winning a tie (tests/service/test_batch_choice.py holds it to that rule).
+    # tuples would be, the longer side winning a tie (tests/service/engine/test_batch_choice.py holds it to that rule).
     # Unpriced (flops None) every share is 0: pricing costs ~10 µs per entry taken, most of a core at a GPU's
     # 80k sentences/s, and where attention never pads it could only say 0.
     while hi - lo < policy.max_batch_size:

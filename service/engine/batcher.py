@@ -20,11 +20,10 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 from service.engine.batch_choice import choose_batch, pricing
-from service.engine.tickets import Entry, InFlight, Sink, Ticket
+from service.engine.batch_types import BatchEngine, BatchPolicy, PreparedBatch
+from service.engine.tickets import Entry, LaunchedBatch, Sink, Ticket
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.engine.threads import lower_thread_priority, name_os_thread
@@ -33,41 +32,6 @@ log = logging.getLogger("service")
 # With a batch in flight on the device, how long the runner waits for the packer's next batch before it reads the
 # one in flight instead: long enough for a collation (tens to hundreds of us), short next to a batch on the device.
 AHEAD_WAIT_S = 0.002
-
-
-class PreparedBatch(Protocol):
-    size: int
-    real_tokens: int
-    padded_tokens: int
-    flops: float
-    padding_flops: float
-
-
-class BatchEngine(Protocol):
-    """What the batcher needs of an engine."""
-
-    def collate(self, items: list[Any]) -> PreparedBatch: ...
-    def run(self, batch: PreparedBatch) -> list[Any]: ...
-    overlaps: bool  # True: launch returns while the device still computes (then launch + finish, else run)
-    def launch(self, batch: PreparedBatch) -> Any: ...
-    def finish(self, launched: Any) -> list[Any]: ...
-    def flops(self, count: int, longest: int, real: int, real_squares: int) -> tuple[float, float]: ...
-    pads_attention: bool  # False: any mix of lengths costs no padding (then batches are not priced)
-    def release_cached_memory(self) -> None: ...
-    def is_out_of_memory(self, exc: BaseException) -> bool: ...
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How batches are formed and how much may wait (see the Settings fields of the same names)."""
-
-    max_batch_tokens: int
-    max_batch_size: int
-    max_wait_s: float = 0.0
-    max_queue_items: int = 4096
-    max_padding_fraction: float = 1.0
-    runners: int = 1  # batches computed at once
-    runner_niceness: int = 0
 
 
 class Batcher:
@@ -94,6 +58,7 @@ class Batcher:
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
+        self._progress_at = time.monotonic()  # when a taken batch was last done with, or work came to an idle one
 
     # ---- life cycle ----------------------------------------------------------------------------
 
@@ -119,6 +84,12 @@ class Batcher:
         """Whether every packing and compute thread is still running (liveness: a dead one never comes back)."""
         return all(thread.is_alive() for thread in self._threads)
 
+    def stalled_for(self) -> float:
+        """Seconds the batcher has had work (queued, being prepared or computed) without finishing a batch; 0 while
+        idle. A hung device, a deadlocked thread or a stopped process shows here (the engine's heartbeat)."""
+        busy = self._queue or self._running or self._prepared is not None or self._collating
+        return max(0.0, time.monotonic() - self._progress_at) if busy else 0.0
+
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -135,6 +106,8 @@ class Batcher:
                 raise ServiceError("overloaded", f"the queue is full ({len(self._queue)} inputs waiting); retry later",
                                    retry_after_s=wait)
             now = time.monotonic()
+            if not (self._queue or self._running or self._prepared is not None or self._collating):
+                self._progress_at = now  # an idle batcher's clock starts with its work
             entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
             self._queue.extend(entries)
             self._queued_tokens += sum(e.length for e in entries)
@@ -197,7 +170,12 @@ class Batcher:
         chosen_ids = {id(e) for e in chosen}
         self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
         self._queued_tokens -= sum(e.length for e in chosen)
-        # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly.
+        # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly. An
+        # empty queue has none, so that the next entry counts as sooner and wakes the packer: with a batch prepared,
+        # the packer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
+        # that entry at its deadline.
+        if not self._queue:
+            self._earliest_deadline = float("inf")
         self.metrics.queue_depth.set(len(self._queue))
         return chosen
 
@@ -235,10 +213,10 @@ class Batcher:
     def _run_loop(self) -> None:
         name_os_thread()
         lower_thread_priority(self.policy.runner_niceness)
-        in_flight: InFlight | None = None
+        on_device: LaunchedBatch | None = None
         while True:
-            taken = self._take_prepared(in_flight is not None)
-            if taken is None and in_flight is None:
+            taken = self._take_prepared(on_device is not None)
+            if taken is None and on_device is None:
                 return
             if not self.engine.overlaps:
                 try:
@@ -251,18 +229,18 @@ class Batcher:
             launched = self._launch(*taken) if taken is not None else None
             if taken is not None and launched is None:
                 self._release()  # dropped, or failed (and answered) at launch
-            if in_flight is not None:
+            if on_device is not None:
                 try:
-                    self._finish(in_flight)
+                    self._finish(on_device)
                 finally:
                     self._release()
-            in_flight = launched
+            on_device = launched
 
-    def _take_prepared(self, in_flight: bool) -> tuple[list[Entry], PreparedBatch] | None:
+    def _take_prepared(self, one_on_device: bool) -> tuple[list[Entry], PreparedBatch] | None:
         """The prepared batch: waited for until the packer has finished, or with a batch in flight, None at once
         unless the packer is about to prepare one (entries queued, or being collated); then up to AHEAD_WAIT_S."""
         with self._lock:
-            if not in_flight:
+            if not one_on_device:
                 while self._prepared is None and not self._packer_finished:
                     self._batch_ready.wait()
             elif self._prepared is None and (self._queue or self._collating):
@@ -277,6 +255,7 @@ class Batcher:
         """A taken batch is done with (answered, failed or dropped)."""
         with self._lock:
             self._running -= 1
+            self._progress_at = time.monotonic()
             self._cond.notify()
 
     def _alive(self, chosen: list[Entry], batch: PreparedBatch) -> tuple[list[Entry], PreparedBatch | None]:
@@ -310,26 +289,26 @@ class Batcher:
         self._observe(started, batch)
         self._hand_back(entries, results)
 
-    def _launch(self, chosen: list[Entry], batch: PreparedBatch) -> InFlight | None:
+    def _launch(self, chosen: list[Entry], batch: PreparedBatch) -> LaunchedBatch | None:
         alive, batch = self._alive(chosen, batch)
         if not alive:
             return None
         started = time.perf_counter()
         try:
-            return InFlight(alive, batch, self.engine.launch(batch), started)
+            return LaunchedBatch(alive, batch, self.engine.launch(batch), started)
         except Exception as exc:  # noqa: BLE001 - as in _run_splitting (out of memory surfaces at launch)
             self._recover(alive, exc)
             return None
 
-    def _finish(self, in_flight: InFlight) -> None:
+    def _finish(self, on_device: LaunchedBatch) -> None:
         try:
-            results = self.engine.finish(in_flight.launched)
+            results = self.engine.finish(on_device.launched)
         except Exception:  # noqa: BLE001 - a device error found at the wait: this batch's entries fail
-            log.exception("batch of %d failed", len(in_flight.entries))
-            self._fail(in_flight.entries, ServiceError("internal", "internal error while computing the batch"))
+            log.exception("batch of %d failed", len(on_device.entries))
+            self._fail(on_device.entries, ServiceError("internal", "internal error while computing the batch"))
             return
-        self._observe(in_flight.started, in_flight.batch)
-        self._hand_back(in_flight.entries, results)
+        self._observe(on_device.started, on_device.batch)
+        self._hand_back(on_device.entries, results)
 
     def _recover(self, entries: list[Entry], exc: BaseException) -> None:
         """A batch failed on the device: out of memory splits it in two and runs the halves, else its entries fail."""
@@ -377,4 +356,4 @@ class Batcher:
         self._fail([entry], error)
 
 
-__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "InFlight", "Sink", "Ticket"]
+__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "LaunchedBatch", "PreparedBatch", "Sink", "Ticket"]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from service.engine.batcher import Batcher, Ticket
 from service.engine.loader import LoadedEngine, load_engine
-from service.messages import ModelFacts
+from service.errors import ServiceError
+from service.messages import Heartbeat, ModelFacts
 from service.metrics import Metrics
 from service.settings import Settings
 from service.tasks import Item
@@ -76,12 +77,21 @@ class LocalLink:
         return  # the engine is this process's, and it loads in `start`
 
     def submit(self, items: list[Item], deadline: float) -> LocalPending:
+        failure = self.failure()
+        if failure is not None:  # stuck: waiting would only end at the deadline
+            raise ServiceError("unavailable", failure, retry_after_s=5)
         return submit(self.loaded.batcher, self.sink, items, deadline)
 
     def failure(self) -> str | None:
-        if self.loaded is not None and not self.loaded.batcher.workers_alive:
+        """A dead batching thread, or one stuck (the heartbeat the engine process sends, read here directly)."""
+        if self.loaded is None:
+            return None
+        if not self.loaded.batcher.workers_alive:
             return "a batching thread has died; restart the server"
-        return None
+        return Heartbeat(self.loaded.batcher.stalled_for()).problem(self.settings.stall_timeout_s)
+
+    def computing(self) -> bool:
+        return self.failure() is None
 
     async def stop(self) -> None:
         if self.loaded is not None:

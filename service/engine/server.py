@@ -1,10 +1,11 @@
 """The engine process (`--workers N`): the one owner of the device, the model and the batcher.
 
 Front ends PUSH `service.messages` (Hello, Submit, Cancel) to its PULL socket and hear back on their
-own topic of its PUB socket (Status, Done, Failed). A Submit goes into the batcher exactly as in the
-one-process server; when a batch finishes requests, the runner thread that ran it sends them to each
-front end as one message (`Replies`). No event loop: this process's main thread only reads the socket
-and queues, so it takes little of the GIL from the threads that feed the device.
+own topic of its PUB socket (Status, Done, Failed; a Heartbeat goes to all a few times a second). A Submit
+goes into the batcher exactly as in the one-process server; when a batch finishes requests, the runner
+thread that ran it sends them to each front end as one message (`Replies`). No event loop: this process's
+main thread only reads the socket, queues and sends the heartbeat, so it takes little of the GIL from the
+threads that feed the device.
 
 Loading runs in a thread while the socket already answers Hello with the loading Status, so the front
 ends can say what is happening on /health. Started by `service.supervisor` (`python -m
@@ -32,12 +33,14 @@ from service.messages import (
     Cancel,
     Done,
     Failed,
+    Heartbeat,
     Hello,
     Status,
     Submit,
     decode,
     encode,
     endpoints,
+    heartbeat_every,
     new_socket,
     topic,
 )
@@ -46,7 +49,7 @@ from service.settings import Settings
 
 log = logging.getLogger("service")
 FLUSH_S = 0.5  # after a failed load: time for the front ends to read why before the process goes
-POLL_MS = 100  # how often the main thread looks up from the socket (SIGTERM, a failed load)
+POLL_MS = 100  # how often the main thread looks up from the socket (SIGTERM, a failed load, the heartbeat)
 
 
 class Replies:
@@ -97,9 +100,16 @@ class EngineServer:
         signal.signal(signal.SIGTERM, lambda *_: self.stopping.set())
         threading.Thread(target=self._load, name="bert-loader", daemon=True).start()
         try:
+            beat_every = heartbeat_every(self.settings.stall_timeout_s)
+            next_beat = time.monotonic()
             while not self.stopping.is_set() and self.status.state != "failed":
-                if self.inbox.poll(POLL_MS):
+                if self.inbox.poll(max(1, min(POLL_MS, int(beat_every * 1000)))):
                     self._read()
+                if self.status.state == "ready" and time.monotonic() >= next_beat:
+                    # Sent by this thread, not the compute threads: a stopped process falls silent, a hung
+                    # compute thread shows in the value (service.engine.batcher.Batcher.stalled_for).
+                    self.replies.send(EVERYONE, [encode(Heartbeat(self.loaded.batcher.stalled_for()))])
+                    next_beat = time.monotonic() + beat_every
             if self.status.state == "failed":
                 time.sleep(FLUSH_S)
                 return 1

@@ -1,5 +1,5 @@
 """What the batcher keeps of a request: its `Ticket` (deadline, results, where they go), one `Entry` per input
-in the queue, and a batch `InFlight` on an asynchronous device."""
+in the queue, and a `LaunchedBatch` on an asynchronous device."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from service.errors import ServiceError
 
 if TYPE_CHECKING:
-    from service.engine.batcher import PreparedBatch
+    from service.engine.batch_types import PreparedBatch
 
 
 class Sink(Protocol):
@@ -51,7 +51,7 @@ class Ticket:
 
 
 @dataclass
-class InFlight:
+class LaunchedBatch:
     """A batch launched on an asynchronous device whose results the runner has not read yet."""
 
     entries: list[Entry]

@@ -14,7 +14,8 @@ from fastapi import FastAPI
 
 from service.frontend.api_key import ApiKey
 from service.frontend.fast_routes import FastRoutes
-from service.frontend.guards import Admission, BodyLimit, InFlight, RequestMetrics
+from service.frontend.admission import Admission, LocalRequestCount
+from service.frontend.guards import BodyLimit, CloseWhenDraining, RequestMetrics
 from service.frontend.http_errors import install_error_handlers
 from service.frontend.pages import mount_assets, pages, playground_page
 from service.frontend.routes import api, public
@@ -35,7 +36,7 @@ their API's own shape. A playground for people is at `/`."""
 
 def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) -> FastAPI:
     """The HTTP side of the service over `runtime`; `admission` counts the requests in flight (default: this
-    process's own count; `service.frontend.admission.SharedInFlight` counts those of every front end).
+    process's own count; `service.frontend.admission.SharedRequestCount` counts those of every front end).
     `fast_routes=False` leaves the computing routes to FastAPI too (tests compare the two)."""
     settings = runtime.settings
 
@@ -99,10 +100,12 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     metrics = runtime.metrics
     if fast_routes:
         app.add_middleware(FastRoutes, routes=routes, on_error=count_failure)
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label)
+    # Listed innermost first. Admission sits inside BodyLimit: a request counts once its body is in.
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label, in_flight=admission or InFlight())
+                       route_label=route_label, requests=admission or LocalRequestCount())
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
+                       route_label=route_label, idle_timeout_s=settings.body_idle_timeout_s,
+                       total_timeout_s=settings.body_timeout_s)
     # Outside admission and the body checks: without the key, 401 and nothing else (service.frontend.api_key).
     keyed = {(method, r.path) for router in routers if router is not public
              for r in router.routes for method in r.methods}
@@ -110,5 +113,6 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
         keyed.add(("GET", "/metrics"))
     app.add_middleware(ApiKey, key=settings.api_key, keyed=frozenset(keyed),
                        on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized").inc())
+    app.add_middleware(CloseWhenDraining, lifecycle=runtime.lifecycle)
     app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
     return app

@@ -9,7 +9,7 @@ lookup for the route, `service.frontend.body` and pydantic-core for the body, th
 `async def dep(request)`) awaited in order. FastAPI still documents every route (/docs, /openapi.json)
 and serves everything else (pages, GET routes, 404s and 405s).
 
-`tests/service/test_fast_routes.py` checks that both paths answer every request alike.
+`tests/service/frontend/test_fast_routes.py` checks that both paths answer every request alike.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
 from service.frontend import answer_size
+from service.frontend.deadlines import DeadlineWatch
 from service.frontend.disconnects import Watch
 from service.frontend.link import EngineLink
 from service.frontend.inputs import (
@@ -94,12 +95,14 @@ Waiter = Watch | None  # how to learn that the caller has gone (service.frontend
 class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
-                 classifier_pairs: bool = False, num_token_labels: int = 0, has_qa_head: bool = False):
+                 classifier_pairs: bool = False, deadline_grace_s: float = 2.0, num_token_labels: int = 0,
+                 has_qa_head: bool = False):
         self.tokenizer = tokenizer
         self.engine = engine
         self.limits = limits
         self.metrics = metrics
         self.queue_timeout_s = queue_timeout_s
+        self.deadlines = DeadlineWatch(queue_timeout_s + deadline_grace_s, engine.computing, self._give_up)
         self.has_mlm_head = has_mlm_head
         self.has_nsp_head = has_nsp_head
         self.width = width  # the encoder's hidden size: the length of every vector
@@ -244,10 +247,10 @@ class FrontDoor:
         return result
 
     async def _compute(self, items: list[Item], gone: Waiter) -> list:
-        """Queue the items and wait for their results, or until `gone` says the caller left."""
+        """Queue the items and wait for their results, until `gone` says the caller left, or until the deadline
+        and its grace (`service.frontend.deadlines`): a stuck engine answers nothing, and no client waits on it."""
         pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s)
-        if gone is None:
-            return await pending.result  # a failed item has already cancelled the rest of the request
+        watched = self.deadlines.watch(pending)
         left = False
 
         def on_gone() -> None:
@@ -256,15 +259,25 @@ class FrontDoor:
             pending.cancel()  # the engine drops this request's queued entries before compute
             pending.result.cancel()
 
-        stop_watching = gone(on_gone)
+        stop_watching = gone(on_gone) if gone is not None else None
         try:
-            return await pending.result
+            return await pending.result  # a failed item has already cancelled the rest of the request
         except asyncio.CancelledError:
             if not left:
                 raise  # this task itself was cancelled
             raise ServiceError("unavailable", "client disconnected") from None
         finally:
-            stop_watching()
+            self.deadlines.forget(watched)
+            if stop_watching is not None:
+                stop_watching()
+
+    def _give_up(self, pending) -> None:
+        """Answer a request the engine has not answered by its deadline and grace, and is not computing."""
+        pending.cancel()  # the engine drops what it still holds of the request, should it wake up
+        reason = self.engine.failure() or "the engine is not responding"
+        pending.result.set_exception(ServiceError(
+            "unavailable", f"no answer within the request's deadline ({self.queue_timeout_s:g} s): {reason}",
+            retry_after_s=1))
 
     require, prepare, compute = _require, _tokenize, _compute
 

@@ -31,6 +31,7 @@ STATUS = {
     "empty": 422,  # a request with nothing to compute; TEI and OpenAI answer it with 400
     "unsupported": 501,
     "unauthorized": 401,
+    "request_timeout": 408,  # the request's headers or body did not arrive in time (its connection is closed)
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "overloaded": 429,

@@ -40,7 +40,11 @@ class EngineLink(Protocol):
         """Queue `items` to reach the device by `deadline` (time.monotonic()); raise ServiceError to refuse them."""
 
     def failure(self) -> str | None:
-        """Why the engine can no longer compute (a dead thread or process), or None while it can."""
+        """Why the engine cannot compute (a dead thread or process, or one stuck for stall_timeout_s), or None."""
+
+    def computing(self) -> bool:
+        """Whether the engine is alive and moving now: a request past its queue deadline and still unanswered is
+        then on the device (an engine that moves answers late requests itself), and worth waiting for."""
 
     async def stop(self) -> None:
         """Compute everything accepted, then stop."""

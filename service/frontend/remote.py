@@ -4,7 +4,10 @@ Each request is one Submit with an id of this front end; its Done or Failed reso
 front door awaits. The Submits of one pass of the event loop leave as one message, and the engine
 answers each finished batch with one message per front end. The link also watches the engine's process: the moment it ends, every request in
 flight fails with 503 (no client waits out its deadline on a dead engine) and `failure()` turns
-/live to 503, so the orchestrator restarts the server.
+/live to 503, so the orchestrator restarts the server. A live engine that is stuck does the same to
+`failure()` (not to the requests in flight, which the front door answers at their deadline): its
+Heartbeat says it has had work and finished nothing for `stall_timeout_s`, or no Heartbeat has come
+for that long (a stopped or hung process). Once it moves again, `failure()` clears.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from service.messages import (
     Cancel,
     Done,
     Failed,
+    Heartbeat,
     Hello,
     ModelFacts,
     Receiver,
@@ -32,6 +37,7 @@ from service.messages import (
     decode,
     encode,
     endpoints,
+    heartbeat_every,
     new_socket,
     topic,
 )
@@ -55,10 +61,13 @@ class RemotePending:
 
 
 class RemoteLink:
-    def __init__(self, directory: str, identity: str, engine_pid: int | None = None):
+    def __init__(self, directory: str, identity: str, engine_pid: int | None = None, stall_timeout_s: float = 15.0):
         self.directory = directory
         self.identity = identity.encode()
         self.engine_pid = engine_pid
+        self.stall_timeout_s = stall_timeout_s
+        self._heartbeat = Heartbeat(0.0)  # the last one heard
+        self._heartbeat_at: float | None = None  # when (time.monotonic()); None until the engine is ready
         self.detail = "waiting for the engine process"
         self.pending: dict[int, RemotePending] = {}
         self._ids = itertools.count()
@@ -97,8 +106,9 @@ class RemoteLink:
         await self._loading.wait()
 
     def submit(self, items: list[Item], deadline: float) -> RemotePending:
-        if self._failure is not None:
-            raise ServiceError("unavailable", self._failure)
+        failure = self.failure()
+        if failure is not None:
+            raise ServiceError("unavailable", failure, retry_after_s=None if self._failure else 5)
         request_id = next(self._ids)
         pending = RemotePending(asyncio.get_running_loop().create_future(), request_id, self)
         self.pending[request_id] = pending
@@ -116,7 +126,18 @@ class RemoteLink:
         self._receiver.drain()  # a send can swallow the edge that says replies are waiting
 
     def failure(self) -> str | None:
-        return self._failure
+        if self._failure is not None or self._heartbeat_at is None:
+            return self._failure
+        silent = time.monotonic() - self._heartbeat_at
+        if silent > self.stall_timeout_s:
+            return f"the engine process has sent no heartbeat for {silent:.0f} s (stopped or hung); restart the server"
+        return self._heartbeat.problem(self.stall_timeout_s)
+
+    def computing(self) -> bool:
+        """Heard within a few heartbeats, and not stuck: a request past its deadline is then on the device."""
+        if self.failure() is not None or self._heartbeat_at is None:
+            return False
+        return time.monotonic() - self._heartbeat_at <= 4 * heartbeat_every(self.stall_timeout_s)
 
     async def stop(self) -> None:
         """The engine is the supervisor's to stop; the front end only lets go of it."""
@@ -135,6 +156,8 @@ class RemoteLink:
             elif isinstance(message, Failed):
                 self._settle(message.request_id, None,
                              ServiceError(message.kind, message.message, retry_after_s=message.retry_after_s))
+            elif isinstance(message, Heartbeat):
+                self._heartbeat, self._heartbeat_at = message, time.monotonic()
             elif isinstance(message, Status):
                 self._on_status(message)
 
@@ -154,6 +177,8 @@ class RemoteLink:
             self._loading.set()
         if status.state == "failed":
             self._failure = f"the model failed to load: {status.detail}"
+        if status.state == "ready" and self._heartbeat_at is None:
+            self._heartbeat_at = time.monotonic()  # heartbeats come from now on
         if status.state in ("ready", "failed") and not self._status.done():
             self._status.set_result(status)
 

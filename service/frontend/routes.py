@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.frontend.body import ParsedBodyRoute
+from service.frontend.deps import ERRORS, Door, State
 from service.frontend.disconnects import client_gone
-from service.frontend.frontdoor import FrontDoor
-from service.frontend.http_errors import STATUS
 from service.frontend.inputs import Preparation
 from service.frontend.outputs import encode_result, fill_mask_result, json_response, nsp_result
-from service.frontend.runtime import Runtime
 from service.frontend.schemas import (
     EncodeRequest,
     EncodeResponse,
@@ -25,23 +21,6 @@ from service.frontend.schemas import (
     NspRequest,
     NspResponse,
 )
-
-# The dependencies are coroutines on purpose: FastAPI runs plain-function dependencies in its thread
-# pool, and those hops cost every request CPU time and GIL hand-offs that slow the compute threads.
-
-
-async def get_runtime(request: Request) -> Runtime:
-    return request.app.state.runtime
-
-
-async def get_frontdoor(request: Request) -> FrontDoor:
-    """The loaded model's front door; 503 while loading or shutting down."""
-    return request.app.state.runtime.ready_frontdoor()
-
-
-Door = Annotated[FrontDoor, Depends(get_frontdoor)]
-State = Annotated[Runtime, Depends(get_runtime)]
-ERRORS = {status: {"model": ErrorBody} for status in sorted(set(STATUS.values()) - {404, 405})}
 
 api = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["BERT"])
 public = APIRouter(tags=["Operations"])
@@ -83,15 +62,16 @@ async def info(state: State) -> Response:
 
 @public.get("/health", response_model=Health, responses={503: {"model": ErrorBody}}, summary="Readiness")
 async def health(state: State) -> Response:
-    """200 once the model is loaded and warmed up; 503 while loading and while shutting down."""
-    state.lifecycle.require_ready()
-    return json_response({"status": "ok"})
+    """200 once the model is loaded and warmed up; 503 while loading, while shutting down, and while the engine
+    cannot compute (dead or stuck: the error says why)."""
+    return json_response(state.health())
 
 
 @public.get("/live", response_model=Liveness, responses={503: {"model": ErrorBody}}, summary="Liveness")
 async def live(state: State) -> Response:
-    """200 while the process can still make progress: loading, ready (however busy) or draining. 503 only when
-    it cannot recover (the model failed to load, or a batching thread died): restart it. Readiness is /health."""
+    """200 while the process can still make progress: loading, ready (however busy) or draining. 503 when it cannot
+    (the model failed to load, a batching thread or the engine process died, or the engine has had work and
+    finished nothing for stall_timeout_s): restart it. Readiness is /health."""
     return json_response(state.live())
 
 

@@ -14,11 +14,10 @@ from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State
-from service.frontend.routes_tei import ERRORS
+from service.frontend.deps import TEI_ERRORS, Door, State
 from service.frontend.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 
-classify = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["TEI-compatible"])
+classify = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["TEI-compatible"])
 
 
 @classify.post("/predict", response_model=list[TeiPrediction] | list[list[TeiPrediction]],

@@ -16,13 +16,12 @@ from service.frontend.inputs import preparation
 from service.frontend.outputs import b64_floats, json_response
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State
-from service.frontend.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse, OpenAIError
+from service.frontend.deps import OPENAI_ERRORS, Door, State
+from service.frontend.schemas import OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse
 
-ERRORS = {status: {"model": OpenAIError} for status in (400, 401, 413, 415, 429, 500, 501, 503)}
-openai = APIRouter(prefix="/v1", route_class=ParsedBodyRoute, responses=ERRORS, tags=["OpenAI-compatible"])
+openai = APIRouter(prefix="/v1", route_class=ParsedBodyRoute, responses=OPENAI_ERRORS, tags=["OpenAI-compatible"])
 # text-embeddings-inference serves OpenAI's embeddings route without the /v1 prefix too.
-openai_alias = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["OpenAI-compatible"])
+openai_alias = APIRouter(route_class=ParsedBodyRoute, responses=OPENAI_ERRORS, tags=["OpenAI-compatible"])
 
 
 @openai_alias.post("/embeddings", response_model=OpenAIEmbeddingsResponse, summary="Embeddings (OpenAI-compatible)")

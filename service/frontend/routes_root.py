@@ -36,12 +36,11 @@ from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State
-from service.frontend.routes_tei import ERRORS
+from service.frontend.deps import TEI_ERRORS, Door, State
 from service.frontend.schemas import Strict, Text
 from service.frontend.schemas_tei import Direction, TeiInput, TeiSimilarityRequest
 
-root = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["Hugging Face Inference API"])
+root = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["Hugging Face Inference API"])
 EXPLICIT = ("call the explicit route instead: /embed, /fill-mask, /similarity, /predict, /token-classification or "
             "/question-answering")
 

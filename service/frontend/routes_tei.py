@@ -12,21 +12,19 @@ from service.frontend.inputs import preparation
 from service.frontend.outputs import json_response
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.routes import Door, State
+from service.frontend.deps import TEI_ERRORS, Door, State
 from service.frontend.schemas_tei import (
     TeiDecodeRequest,
     TeiEmbedAllRequest,
     TeiEmbedRequest,
     TeiEmbedSparseRequest,
-    TeiError,
     TeiSimilarityRequest,
     TeiSparseValue,
     TeiToken,
     TeiTokenizeRequest,
 )
 
-ERRORS = {status: {"model": TeiError} for status in (400, 401, 413, 415, 422, 424, 429, 503)}
-tei = APIRouter(route_class=ParsedBodyRoute, responses=ERRORS, tags=["TEI-compatible"])
+tei = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["TEI-compatible"])
 
 
 @tei.post("/embed", response_model=list[list[float]], summary="Embeddings (TEI-compatible)")

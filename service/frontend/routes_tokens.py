@@ -10,7 +10,7 @@ from starlette.responses import Response
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
 from service.frontend.outputs import json_response
-from service.frontend.routes import ERRORS, Door, State
+from service.frontend.deps import ERRORS, Door, State
 from service.frontend.schemas import ErrorBody
 from service.frontend.schemas_tokens import (
     QuestionAnsweringRequest,

@@ -132,14 +132,24 @@ class Runtime:
                                    facts.has_mlm_head, facts.has_nsp_head, checkpoint.config.hidden_size,
                                    facts.num_labels,
                                    reads_pairs(checkpoint, s.classifier_pairs) and facts.num_labels > 0,
-                                   facts.num_token_labels, facts.has_qa_head)
+                                   deadline_grace_s=s.deadline_grace_s, num_token_labels=facts.num_token_labels,
+                                   has_qa_head=facts.has_qa_head)
         self.lifecycle.ready()
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, facts.device, facts.dtype,
                  time.perf_counter() - started)
 
+    def health(self) -> dict:
+        """Readiness: loaded, not draining, and an engine that can compute (not dead, not stuck)."""
+        self.lifecycle.require_ready()
+        failure = self.link.failure()
+        if failure is not None:
+            raise ServiceError("unavailable", failure)
+        return {"status": "ok"}
+
     def live(self) -> dict:
         """Liveness, which is not readiness: loading, busy and draining servers are alive (restarting them would
-        only lose work); a failed load or a dead packing/compute thread is not, since neither recovers."""
+        only lose work); a failed load, a dead packing/compute thread or engine process, or an engine that has had
+        work and made no progress for stall_timeout_s is not (the last may recover by itself; a restart will)."""
         state = self.lifecycle.state
         if state == "failed":
             raise ServiceError("unavailable", f"the server cannot compute: {self.lifecycle.failure}")

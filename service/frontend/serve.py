@@ -10,6 +10,7 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from service.frontend.connections import bounded_protocol
 from service.frontend.fast_routes import DirectEntry
 from service.memory import freeze_loaded_objects
 from service.settings import Settings
@@ -33,6 +34,7 @@ def serve_http(app: FastAPI, settings: Settings, fd: int | None = None) -> Excep
 
     config = uvicorn.Config(DirectEntry(app), host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_keep_alive=settings.keep_alive_s,
+                            http=bounded_protocol(settings.header_timeout_s, settings.max_connections),
                             timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False)
     # The supervisor's listening socket, taken as what it is. (uvicorn's own `fd=` takes any descriptor for a
     # Unix socket; the event loop then leaves TCP_NODELAY off on the connections it accepts, and every answer

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from model.hub import ResolvedCheckpoint
-from service.frontend.admission import SharedInFlight
+from service.frontend.admission import SharedRequestCount
 from service.frontend.app import create_http_app
 from service.frontend.remote import RemoteLink
 from service.frontend.runtime import Runtime
@@ -27,10 +27,10 @@ def main() -> int:
     slot = record["slot"]
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s front-end-{slot}: %(message)s")
-    link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"])
+    link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"], settings.stall_timeout_s)
     runtime = Runtime(settings, link)
     runtime.source = ResolvedCheckpoint(Path(settings.checkpoint), **record["source"])
-    app = create_http_app(runtime, SharedInFlight(Path(record["in_flight"]), slot))
+    app = create_http_app(runtime, SharedRequestCount(Path(record["in_flight"]), slot))
     failure = serve_http(app, settings, fd=record["fd"])
     return 1 if failure is not None else 0
 

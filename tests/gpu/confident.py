@@ -5,7 +5,7 @@ A random model spreads its probability over the vocabulary (about 1/300 each wit
 of each other, or probability vectors at cosine 0.99, hold whatever the model computes. A trained model's confident
 answers do not: where the reference gives its best token at least twice the probability of the second, a path that
 computes the same states gives the same best token in any precision, and a path that computes wrong ones does not.
-Used by the GPU-marked tests and, on the CPU, by tests/service/test_graphs.py (the same logic, another device)."""
+Used by the GPU-marked tests and, on the CPU, by tests/service/engine/test_graphs.py (the same logic, another device)."""
 
 from __future__ import annotations
 

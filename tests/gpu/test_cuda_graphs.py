@@ -3,7 +3,7 @@ start-up captures one graph per bucket and checks it; then batches of every head
 batch after a bigger one in the same memory, batches launched ahead of the last one's finish, answer as the
 eager engine does. Skipped where they do not run
 (no CUDA, torch without varlen attention, `python -m bench.gpu --dry-run` on the CPU); the same static path is
-tested on the CPU in tests/service/test_graphs.py."""
+tested on the CPU in tests/service/engine/test_graphs.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from service.engine.loader import capture_graphs
 from model.checkpoint import load_checkpoint
 from tests.conftest import random_model
 from tests.gpu.confident import CHECKPOINT, assert_same_fill_mask, cloze_items
-from tests.service.test_graphs import VOCAB, flat, items_of
+from tests.service.engine.test_graphs import VOCAB, flat, items_of
 
 DEVICE = torch.device(os.environ.get("BERT_TEST_DEVICE", "cuda"))
 HEAD_DIM = 64

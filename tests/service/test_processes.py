@@ -19,7 +19,7 @@ import pytest
 
 from devkit.paths import REPO_ROOT
 from devkit.server import free_port, start_service
-from service.frontend.admission import SharedInFlight, create_slots
+from service.frontend.admission import SharedRequestCount, create_slots
 from service.settings import Settings
 
 WORKERS = 2
@@ -147,16 +147,16 @@ def test_answers_leave_at_once_on_a_kept_alive_connection(workers):
 def test_the_admission_limit_is_one_over_all_front_ends(tmp_path):
     path = tmp_path / "in-flight"
     create_slots(path, 3)
-    first, second = SharedInFlight(path, 0), SharedInFlight(path, 2)
+    first, second = SharedRequestCount(path, 0), SharedRequestCount(path, 2)
     first.add(1)
     second.add(2)
     assert first.total() == second.total() == 3
     second.add(-1)
     assert first.total() == 2
-    restarted = SharedInFlight(path, 2)  # a front end killed with requests in flight leaks none
+    restarted = SharedRequestCount(path, 2)  # a front end killed with requests in flight leaks none
     assert restarted.total() == 1
     with pytest.raises(ValueError, match="slot 3"):
-        SharedInFlight(path, 3)
+        SharedRequestCount(path, 3)
 
 
 def test_a_killed_front_end_fails_only_its_own_requests_and_comes_back(workers):

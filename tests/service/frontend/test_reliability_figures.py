@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.service import test_fuzz, test_hostile_fuzz, test_nasty_inputs
+from tests.service.frontend import test_fuzz, test_hostile_fuzz, test_nasty_inputs
 
-DOC = (Path(__file__).resolve().parents[2] / "RELIABILITY.md").read_text(encoding="utf-8")
+DOC = (Path(__file__).resolve().parents[3] / "RELIABILITY.md").read_text(encoding="utf-8")
 
 
 def test_the_nasty_table_count():

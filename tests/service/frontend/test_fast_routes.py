@@ -16,7 +16,7 @@ from service.frontend.fast_routes import DirectEntry
 from service.frontend.runtime import Runtime
 from service.metrics import Metrics
 from service.settings import Settings
-from tests.service.test_nasty_inputs import CASES, JSON
+from tests.service.frontend.test_nasty_inputs import CASES, JSON
 
 pytestmark = pytest.mark.anyio
 

@@ -1,5 +1,5 @@
 """The start-up check of CUDA graphs (service.engine.graph_check, service.engine.loader.adopt_if_faithful), on the
-CPU through the stand-in graphs of tests/service/test_graphs.py: every graph replayed on a batch that fills it and
+CPU through the stand-in graphs of tests/service/engine/test_graphs.py: every graph replayed on a batch that fills it and
 compared with the eager engine through the heads it feeds; a capture that raises, a replay that raises or drifts,
 dropped alone; what was kept and dropped in the log, the model's facts (/info) and /metrics."""
 
@@ -13,7 +13,7 @@ from service.engine.graph_check import check_lengths, disagreement
 from service.engine.graphs import EncoderGraphs
 from service.engine.loader import adopt_if_faithful
 from tests.conftest import random_model
-from tests.service.test_graphs import VOCAB, assert_same, engine_for, items_of, static_path  # noqa: F401 (a fixture)
+from tests.service.engine.test_graphs import VOCAB, assert_same, engine_for, items_of, static_path  # noqa: F401 (a fixture)
 
 
 def graphs_for(engine: Engine, most_tokens: int = 512, slots: int = 8) -> EncoderGraphs:

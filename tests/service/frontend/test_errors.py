@@ -173,7 +173,7 @@ async def test_full_queue_answers_429_with_retry_after(tiny_checkpoint):
         assert [r.status_code for r in await asyncio.gather(*accepted)] == [200] * len(accepted)
 
 
-async def test_concurrency_cap_refuses_at_once_before_reading_the_body(tiny_checkpoint):
+async def test_concurrency_cap_refuses_at_once_before_parsing_the_body(tiny_checkpoint):
     GatedEngine.gate.clear()
     GatedEngine.entered.clear()
     async with serving(tiny_checkpoint, engine_factory=GatedEngine, max_concurrent_requests=2, max_batch_size=1,
@@ -181,7 +181,8 @@ async def test_concurrency_cap_refuses_at_once_before_reading_the_body(tiny_chec
         held = [asyncio.ensure_future(client.post("/encode", json={"inputs": "a b c"})) for _ in range(2)]
         assert await asyncio.to_thread(GatedEngine.entered.wait, 10)
         try:
-            # Refused by the cap even though the body is not JSON: it is never read.
+            # Refused by the cap even though the body is not JSON: it is read (admission counts a request once its
+            # body is in) but never parsed.
             for body in ({"inputs": "third"}, "not json at all"):
                 refused = await client.post("/nsp", content=body if isinstance(body, str) else None,
                                             json=body if isinstance(body, dict) else None,

@@ -24,7 +24,7 @@ from tests.service.conftest import serving
 
 pytestmark = pytest.mark.anyio
 
-TEI_DOCUMENT = Path(__file__).parents[1] / "data" / "tei-openapi.json"
+TEI_DOCUMENT = Path(__file__).parents[2] / "data" / "tei-openapi.json"
 TEI = schemathesis.openapi.from_path(TEI_DOCUMENT)
 COMPONENTS = json.loads(TEI_DOCUMENT.read_text())["components"]
 ERROR_RESPONSE = jsonschema_rs.validator_for({"$ref": "#/components/schemas/ErrorResponse", "components": COMPONENTS})

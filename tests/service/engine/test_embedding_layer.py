@@ -16,7 +16,7 @@ from service.engine.engine import Engine
 from service.tasks import EncodeItem, FillMaskItem
 from tests.conftest import random_model
 from tests.service.conftest import serving
-from tests.service.test_api import assert_close_json
+from tests.service.frontend.test_api import assert_close_json
 
 pytestmark = pytest.mark.anyio
 TEXTS = ["a crane is flying over the river", "the first sentence .", "it rained all day in the town"]
