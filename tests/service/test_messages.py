@@ -33,7 +33,7 @@ MESSAGES = [
     Cancel(7),
     Status("loading", "downloading 3 of 5 files"),
     Status("ready", facts=ModelFacts("cuda:0", "bfloat16", True, False, 3, 16384, 256)),
-    Status("ready", facts=ModelFacts("cpu", "float32", False, False, 0, 4096, 64, 0, 9, True)),
+    Status("ready", facts=ModelFacts("cpu", "float32", False, False, 0, 4096, 64, num_token_labels=9, has_qa_head=True)),
     Failed(9, "overloaded", "the queue is full", 0.25),
     Submit(3, [EncodeItem([101, 7592, 102], [0, 0, 0], "mean", True),
                FillMaskItem([101, 103, 102], [0, 0, 0], [1], 5, None),
