@@ -13,7 +13,7 @@ from service.frontend import answer_size
 from service.frontend.answers import AnswerOptions, answers
 from service.frontend.entities import STRATEGIES, merge_windows, window_entities
 from service.frontend.frontdoor import FrontDoor, Waiter
-from service.frontend.token_windows import Window, pair_windows, text_windows
+from service.frontend.token_windows import pair_windows, text_windows
 from service.tasks import QaItem, SpanLogits, TokenClassifyItem, TokenLogits
 
 
@@ -71,13 +71,13 @@ async def classify_tokens(door: FrontDoor, texts: list[str], labels: tuple[str, 
     items = [TokenClassifyItem(w.input_ids, w.token_type_ids) for per_text in windows for w in per_text]
     results: list[TokenLogits] = await door.compute(items, gone)
     out, at = [], 0
-    for text, text_pieces, text_windows_ in zip(texts, pieces, windows):
+    for text, text_pieces, per_text in zip(texts, pieces, windows):
         found = []
-        for window in text_windows_:
+        for window in per_text:
             found += window_entities(text, text_pieces, window, results[at].logits, labels,
                                      options.aggregation_strategy, list(options.ignore_labels), tokenizer)
             at += 1
-        out.append(merge_windows(found) if len(text_windows_) > 1 else found)
+        out.append(merge_windows(found) if len(per_text) > 1 else found)
     return out
 
 
@@ -137,4 +137,4 @@ async def answer_questions(door: FrontDoor, pairs: list[tuple[str, str]], option
     return out
 
 
-__all__ = ["EntityOptions", "WindowOptions", "AnswerOptions", "Window", "classify_tokens", "answer_questions"]
+__all__ = ["EntityOptions", "WindowOptions", "AnswerOptions", "classify_tokens", "answer_questions"]
