@@ -10,6 +10,10 @@ DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.tx
 # that transformers cannot share (requirements/clients.txt). tests/test_clients.py drives them from there.
 CLIENTS_VENV ?= .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.clients-$(shell cat requirements/clients.txt | cksum | cut -d' ' -f1)
+# transformers 4.x, the reference for extractive question answering (its pipeline left transformers 5), in its own
+# venv: tests/test_question_answering.py drives it (requirements/qa-reference.txt).
+QA_VENV ?= .venv-qa-reference
+QA_STAMP := $(QA_VENV)/.qa-$(shell cat requirements/qa-reference.txt | cksum | cut -d' ' -f1)
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
@@ -47,6 +51,11 @@ $(CLIENTS_STAMP): requirements/clients.txt
 	$(CLIENTS_VENV)/bin/python -m pip --disable-pip-version-check install -q --require-hashes --no-deps -r requirements/clients.txt
 	rm -f $(CLIENTS_VENV)/.clients-* && touch $@
 
+$(QA_STAMP): requirements/qa-reference.txt
+	$(PYTHON) -m venv $(QA_VENV)
+	$(QA_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps -r requirements/qa-reference.txt
+	rm -f $(QA_VENV)/.qa-* && touch $@
+
 $(DEPLOY_STAMP): requirements/deploy-tools.txt
 	$(PYTHON) -m venv $(DEPLOY_VENV)
 	$(DEPLOY_VENV)/bin/python -m pip --disable-pip-version-check install -q --require-hashes --no-deps -r requirements/deploy-tools.txt
@@ -68,13 +77,14 @@ browser:
 serve: $(SERVE_STAMP)
 	$(BIN)/python -m service $(ARGS)
 
-TEST_ENV = BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_DEPLOY_BIN=$(DEPLOY_VENV)/bin
+TEST_ENV = BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_DEPLOY_BIN=$(DEPLOY_VENV)/bin \
+  BERT_QA_REFERENCE_PYTHON=$(QA_VENV)/bin/python
 
-test: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) browser
-	$(TEST_ENV) BERT_REQUIRE_CLIENTS=1 BERT_REQUIRE_DEPLOY_TOOLS=1 BERT_REQUIRE_BROWSER=$(CAN_INSTALL_BROWSER) \
-	  $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+test: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) $(QA_STAMP) browser
+	$(TEST_ENV) BERT_REQUIRE_CLIENTS=1 BERT_REQUIRE_DEPLOY_TOOLS=1 BERT_REQUIRE_QA_REFERENCE=1 \
+	  BERT_REQUIRE_BROWSER=$(CAN_INSTALL_BROWSER) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP)
+test-slow: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) $(QA_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The deployment against a real Docker engine: minutes and GBs, so not part of `make test`. Pass
@@ -201,4 +211,4 @@ lock:
 	  | grep -v '^torch==' | grep -vxFf requirements/serve.txt) > requirements/dev.txt
 
 clean:
-	rm -rf $(VENV) $(CLIENTS_VENV) $(DEPLOY_VENV) .pytest_cache
+	rm -rf $(VENV) $(CLIENTS_VENV) $(DEPLOY_VENV) $(QA_VENV) .pytest_cache

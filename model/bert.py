@@ -297,19 +297,20 @@ class PreTrainingOutput:
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with its pre-training heads; any of pooler, MLM head and NSP head may be left out. With
-    `num_labels`, also the sequence-classification head of a `BertForSequenceClassification` checkpoint
-    (a classifier or cross-encoder): `classifier`, a Linear over the pooled [CLS] vector."""
+    """BERT with its pre-training heads (pooler, MLM, NSP: any may be left out), a classifier (`num_labels`) over the
+    pooled [CLS] or (`per_token`) over every token, and a question-answering span head (`with_qa`: `qa_outputs`)."""
 
     def __init__(self, config: BertConfig, with_pooler: bool = True, with_mlm: bool = True, with_nsp: bool = True,
-                 num_labels: int = 0):
+                 num_labels: int = 0, per_token: bool = False, with_qa: bool = False):
         super().__init__()
-        if (with_nsp or num_labels) and not with_pooler:
-            raise ValueError("the next-sentence and classification heads need the pooler")
+        if (with_nsp or (num_labels and not per_token)) and not with_pooler:
+            raise ValueError("the next-sentence and sequence-classification heads need the pooler")
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=with_pooler)
         self.cls = BertPreTrainingHeads(config, with_mlm=with_mlm, with_nsp=with_nsp)
         self.classifier = nn.Linear(config.hidden_size, num_labels) if num_labels else None
+        self.classifier_per_token = bool(num_labels and per_token)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2) if with_qa else None
         # On the meta device (load_checkpoint) there is nothing to initialise, and random init there would
         # import torch._dynamo: 1.3 s of every server start.
         if not next(self.parameters()).is_meta:
@@ -325,8 +326,12 @@ class BertForPreTraining(nn.Module):
         return self.cls.seq_relationship is not None
 
     @property
-    def num_labels(self) -> int:
-        return self.classifier.out_features if self.classifier is not None else 0
+    def num_labels(self) -> int:  # the sequence classifier's outputs (0: none); the token classifier's below
+        return self.classifier.out_features if self.classifier is not None and not self.classifier_per_token else 0
+
+    @property
+    def num_token_labels(self) -> int:
+        return self.classifier.out_features if self.classifier_per_token else 0
 
     def tie_weights(self) -> None:
         """The decoder shares the word embeddings and the head's bias (also after loading replaces them)."""
@@ -371,8 +376,8 @@ class BertForPreTraining(nn.Module):
 
     def class_logits_from_cls(self, cls_vectors: torch.Tensor) -> torch.Tensor:
         """(B, H) last-layer [CLS] vectors -> (B, num_labels) classifier logits, through the pooler."""
-        if self.classifier is None:
-            raise RuntimeError("this checkpoint has no classification head")
+        if not self.num_labels:
+            raise RuntimeError("this checkpoint has no sequence-classification head")
         return self.classifier(self.bert.pooler.pool(cls_vectors))
 
     def encode_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing,

@@ -35,7 +35,7 @@ from model.checkpoint_files import (  # noqa: F401  (the text files' names, re-e
     with_labels,
     with_text_files,
 )
-from model.config import ConfigError
+from model.config import BertConfig, ConfigError
 from model.labels import LabelSpec
 from model.tokenizer import WordPieceTokenizer
 
@@ -91,7 +91,8 @@ def save_checkpoint(
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        model.config.save(tmp / CONFIG_FILE)
+        model.config.save(tmp / CONFIG_FILE, architecture="BertForTokenClassification" if model.num_token_labels else
+                          "BertForQuestionAnswering" if model.qa_outputs is not None else "BertForPreTraining")
         save_file(_weights_to_save(model, dtype), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         # transformers truncates to this: it must not exceed the model's position table
         tokenizer.save(tmp, model_max_length=min(tokenizer.model_max_length, model.config.max_position_embeddings))
@@ -192,8 +193,8 @@ def load_checkpoint(
     dtype: torch.dtype | None = None,
 ) -> Checkpoint:
     """Open a checkpoint written by us or by `transformers` for BertForPreTraining, BertForMaskedLM,
-    BertModel or BertForSequenceClassification. Heads the checkpoint does not have are left out of the
-    model, not invented."""
+    BertModel, BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnswering. Heads the
+    checkpoint does not have are left out of the model, not invented."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
@@ -209,7 +210,8 @@ def load_checkpoint(
 
     weights_path = directory / WEIGHTS_FILE
     num_labels = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
-    if num_labels and "bert.pooler.dense.weight" not in tensors:
+    per_token = bool(num_labels) and classifies_tokens(config, tensors)
+    if num_labels and not per_token and "bert.pooler.dense.weight" not in tensors:
         raise CheckpointError(f"{weights_path}: a classifier head but no pooler (bert.pooler.dense.*)")
     try:
         labels = LabelSpec.from_config(config, num_labels) if num_labels else None
@@ -223,6 +225,8 @@ def load_checkpoint(
             with_mlm=any(name.startswith("cls.predictions.") for name in tensors),
             with_nsp="cls.seq_relationship.weight" in tensors and "bert.pooler.dense.weight" in tensors,
             num_labels=num_labels,
+            per_token=per_token,
+            with_qa="qa_outputs.weight" in tensors,
         )
     expected = {name: p for name, p in model.state_dict().items() if name not in TIED_KEYS}
     missing = sorted(set(expected) - set(tensors))
@@ -247,6 +251,16 @@ def load_checkpoint(
     model.to(device=device, dtype=dtype or torch.float32)
     model.eval()
     return with_text_files(directory, config, model, labels)
+
+
+def classifies_tokens(config: BertConfig, tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether the checkpoint's `classifier` reads every token (`BertForTokenClassification`, which transformers
+    writes without a pooler) rather than the pooled [CLS] vector: its config's `architectures` says so, or,
+    without one, the missing pooler does."""
+    architectures = config.extra.get("architectures") or []
+    if "BertForTokenClassification" in architectures:
+        return True
+    return "BertForSequenceClassification" not in architectures and "bert.pooler.dense.weight" not in tensors
 
 
 def _short(names: list[str], limit: int = 6) -> str:

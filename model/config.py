@@ -156,12 +156,13 @@ class BertConfig:
         extra = {k: v for k, v in values.items() if k not in known}
         return cls(**kwargs, extra=extra)
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, architecture: str = "BertForPreTraining") -> None:
         """Write config.json for a checkpoint we saved: it always holds the pre-training heads (a warm start
-        from a headless `BertModel` gains them), so that is the architecture it names; the source's
+        from a headless `BertModel` gains them), so that is the architecture it names unless a task head
+        (token classification, question answering) says which one transformers should open; the source's
         `_name_or_path` named a different model and is dropped."""
         values = self.to_dict()
-        values["architectures"] = ["BertForPreTraining"]
+        values["architectures"] = [architecture]
         values.pop("_name_or_path", None)
         Path(path).write_text(json.dumps(values, indent=2) + "\n")
 

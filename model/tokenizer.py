@@ -67,6 +67,17 @@ def _special_added_tokens(lowercase: bool) -> list[AddedToken]:
     return [AddedToken(t, normalized=(t == UNK and lowercase), special=True) for t in SPECIAL_TOKENS]
 
 
+@dataclass(frozen=True)
+class TextPieces:
+    """One text's word pieces without special tokens, and where each came from: what token classification and
+    question answering need to map predictions back onto the text."""
+
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]  # character offsets into the text
+    words: list[int | None]  # the pre-tokenizer's word each piece belongs to
+
+
 class WordPieceTokenizer:
     """BERT's tokenizer: lower-casing normalizer, WordPiece, `[CLS] A [SEP] B [SEP]` with segment ids."""
 
@@ -238,6 +249,15 @@ class WordPieceTokenizer:
             ids = ids[:room] if direction == "right" else ids[len(ids) - room:]
         ids = [self.cls_id, *ids, self.sep_id]
         return EncodedText(ids, [0] * len(ids), [(0, 0)] * len(ids), truncated, vocab)
+
+    def pieces(self, texts: Sequence[str]) -> list[TextPieces]:
+        e = self._backend.encode_batch(list(texts), add_special_tokens=False)
+        return [TextPieces(x.ids, x.tokens, x.offsets, x.word_ids) for x in e]
+
+    def join_tokens(self, tokens: Sequence[str]) -> str:
+        """Token strings as text, the way transformers' `convert_tokens_to_string` joins them (the decoder's rule)."""
+        decoder = self._backend.decoder
+        return decoder.decode(list(tokens)) if decoder is not None else " ".join(tokens)
 
     def tokenize_words(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids without special tokens, for building training examples."""

@@ -38,6 +38,10 @@ from service.tasks import (
     Result,
     SparseItem,
     SparseVector,
+    SpanLogits,
+    QaItem,
+    TokenClassifyItem,
+    TokenLogits,
     TokenVectors,
 )
 
@@ -79,6 +83,8 @@ class ModelFacts:
     cuda_graphs: int = 0  # encoder graphs live after the start-up check (service.engine.graphs); 0: all eager
     cuda_graphs_live: list[str] = dataclasses.field(default_factory=list)  # their names (tokens x slots[:depth])
     cuda_graphs_eager: list[str] = dataclasses.field(default_factory=list)  # "name: why" of those that fell back
+    num_token_labels: int = 0  # outputs of a token-classification head (0: none)
+    has_qa_head: bool = False  # an extractive question-answering head
 
 
 @dataclass
@@ -132,7 +138,7 @@ Message = Hello | Submit | Cancel | Status | Done | Failed | Heartbeat
 # Tags are the wire format: append, never renumber.
 _TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, FillMaskItem, NspItem, ClassifyItem,
           SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector,
-          Heartbeat)
+          Heartbeat, TokenClassifyItem, QaItem, TokenLogits, SpanLogits)
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
 _ARRAY = -1  # the map key of a numpy array: {-1: [dtype, shape, raw bytes]}

@@ -151,11 +151,13 @@ class Settings(BaseSettings):
         "On SIGTERM, keep answering 503 to new requests for this long (so load balancers notice) while "
         "accepted requests finish, then stop. Every answer while draining closes its connection, so keep-alive "
         "clients reconnect (elsewhere, behind a balancer) rather than lose a request when the server stops."))
-    root_task: Literal["auto", "feature-extraction", "fill-mask", "sentence-similarity", "text-classification"] = Field(
+    root_task: Literal["auto", "feature-extraction", "fill-mask", "sentence-similarity", "text-classification",
+                       "token-classification", "question-answering"] = Field(
         "auto", description=(
             "What POST / (and /invocations) answers, for the Hugging Face InferenceClient and TEI-style clients that "
-            "post to the root. auto: {source_sentence, sentences} inputs -> sentence-similarity; a classifier "
-            "checkpoint -> text-classification; a text with [MASK] or fill-mask parameters -> fill-mask; otherwise "
+            "post to the root. auto: {source_sentence, sentences} inputs -> sentence-similarity; {question, context} "
+            "-> question-answering; a classifier checkpoint -> text-classification; a token-classification checkpoint "
+            "-> token-classification; a text with [MASK] or fill-mask parameters -> fill-mask; otherwise "
             "feature-extraction. A task name makes it the default for requests whose shape does not say otherwise."))
     classifier_pairs: Literal["auto", "yes", "no"] = Field("auto", description=(
         "Whether a sequence-classification checkpoint reads [text, text_pair] pairs (/predict pairs, /rerank). "

@@ -53,7 +53,17 @@ class SparseItem(Tokens):
     """A text for SPLADE-style sparse weights over the vocabulary (needs the MLM head)."""
 
 
-Item = EncodeItem | FillMaskItem | NspItem | ClassifyItem | SparseItem
+@dataclass
+class TokenClassifyItem(Tokens):
+    """A text (or one window of a long one) for a token classifier: a label's logits at every token."""
+
+
+@dataclass
+class QaItem(Tokens):
+    """[CLS] question [SEP] context window [SEP] for an extractive question-answering head."""
+
+
+Item = EncodeItem | FillMaskItem | NspItem | ClassifyItem | SparseItem | TokenClassifyItem | QaItem
 
 
 @dataclass
@@ -94,4 +104,16 @@ class SparseVector:
     values: np.ndarray  # (K,) float32 weights, max over tokens of log(1 + relu(MLM logit))
 
 
-Result = TokenVectors | PooledVector | FillMaskScores | NspLogits | ClassLogits | SparseVector
+@dataclass
+class TokenLogits:
+    logits: np.ndarray  # (L, num_labels) float32: the token classifier's, special tokens included
+
+
+@dataclass
+class SpanLogits:
+    start: np.ndarray  # (L,) float32: each token's logit of starting the answer
+    end: np.ndarray  # (L,) float32: ... of ending it
+
+
+Result = (TokenVectors | PooledVector | FillMaskScores | NspLogits | ClassLogits | SparseVector | TokenLogits
+          | SpanLogits)

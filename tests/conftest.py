@@ -108,3 +108,38 @@ def tiny_classifier(tmp_path_factory, tokenizer) -> Path:
                                id2label={0: "negative", 1: "neutral", 2: "positive"},
                                label2id={"negative": 0, "neutral": 1, "positive": 2},
                                problem_type="single_label_classification")
+
+
+NER_LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC", 5: "MISC"}  # MISC: a tag without B-/I-
+
+
+def task_checkpoint(directory: Path, tokenizer: WordPieceTokenizer, architecture: str, seed: int = 13,
+                    **config_fields) -> Path:
+    """A BertForTokenClassification or BertForQuestionAnswering directory as `transformers` writes it: random
+    weights (biases and LayerNorms perturbed, the head's weights of a useful spread), our vocabulary."""
+    import transformers
+
+    source = random_model(tokenizer.vocab_size, seed=seed)
+    config = transformers.BertConfig(**source.config.to_dict(), **config_fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).eval()
+    model.bert.load_state_dict({k[len("bert."):]: v for k, v in source.state_dict().items()
+                                if k.startswith("bert.") and not k.startswith("bert.pooler.")})
+    head = model.classifier if architecture == "BertForTokenClassification" else model.qa_outputs
+    with torch.no_grad():
+        head.weight.normal_(0, 0.5)
+        head.bias.normal_(0, 0.5)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save(directory, model_max_length=config.max_position_embeddings)  # the pipelines' windows: the model's
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_token_classifier(tmp_path_factory, tokenizer) -> Path:
+    return task_checkpoint(tmp_path_factory.mktemp("ckpt") / "ner", tokenizer, "BertForTokenClassification",
+                           id2label=NER_LABELS, label2id={v: k for k, v in NER_LABELS.items()})
+
+
+@pytest.fixture(scope="session")
+def tiny_question_answerer(tmp_path_factory, tokenizer) -> Path:
+    return task_checkpoint(tmp_path_factory.mktemp("ckpt") / "qa", tokenizer, "BertForQuestionAnswering", seed=17)

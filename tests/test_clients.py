@@ -201,3 +201,50 @@ def test_clients_against_a_checkpoint_with_layers_stacked_for_its_heads(stacked)
                  "llama_index_openai_like"):
         np.testing.assert_allclose(answers[name]["documents"], want, atol=1e-4, err_msg=name)
     np.testing.assert_allclose(np.array(answers["inference_client_hub1"]["features"]).reshape(-1), want[0], atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def task_heads(tiny_token_classifier, tiny_question_answerer):
+    """Two live servers: a token classifier and a question answerer (BertFor... checkpoints written by transformers),
+    each with two front-end processes, so the new items and results cross the engine's wire (service.messages)."""
+    servers = [start_service(checkpoint, "--api-key", KEY, "--workers", "2")
+               for checkpoint in (tiny_token_classifier, tiny_question_answerer)]
+    yield [url for _, url in servers]
+    for process, _ in servers:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_inference_client_token_classification_and_question_answering(task_heads, tiny_token_classifier):
+    ner_url, qa_url = task_heads
+    text = "Ada Lovelace lived in London with Charles Babbage ."
+    reference = transformers.pipeline("token-classification", model=str(tiny_token_classifier), device="cpu")
+    entities = InferenceClient(base_url=ner_url, token=KEY).token_classification(text, aggregation_strategy="first")
+    want = reference(text, aggregation_strategy="first")
+    assert [(e.entity_group, e.word, e.start, e.end) for e in entities] == \
+        [(e["entity_group"], e["word"], e["start"], e["end"]) for e in want]
+    np.testing.assert_allclose([e.score for e in entities], [float(e["score"]) for e in want], atol=1e-4)
+    grouped = InferenceClient(base_url=ner_url, token=KEY).token_classification(text)  # the Inference API's default
+    assert grouped and all(e.entity_group and text[e.start : e.end] for e in grouped)
+
+    client = InferenceClient(base_url=qa_url, token=KEY)
+    best = client.question_answering(question="where did ada live ?", context=text)
+    assert text[best.start : best.end] == best.answer and 0 < best.score <= 1
+    several = client.question_answering(question="where did ada live ?", context=text, top_k=3)
+    assert len(several) == 3 and several[0].answer == best.answer
+    assert several[0].score >= several[1].score >= several[2].score
+
+    async def asynchronous():
+        return await AsyncInferenceClient(base_url=qa_url, token=KEY).question_answering(
+            question="where did ada live ?", context=text)
+
+    assert asyncio.run(asynchronous()).answer == best.answer
+
+    # huggingface_hub 1.x, in the clients' own environment, reads the same answers
+    hub1 = drive(ner_url, "inference_client_hub1_token_classification")["inference_client_hub1_token_classification"]
+    want = reference(TEXTS[2], aggregation_strategy="first")
+    assert [(e["entity_group"], e["start"], e["end"]) for e in hub1["entities"]] == \
+        [(e["entity_group"], e["start"], e["end"]) for e in want]
+    answers = drive(qa_url, "inference_client_hub1_question_answering")["inference_client_hub1_question_answering"]
+    assert answers["best"]["answer"] == TEXTS[2][answers["best"]["start"] : answers["best"]["end"]]
+    assert len(answers["top"]) == 2 and answers["top"][0] == answers["best"]

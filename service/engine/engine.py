@@ -23,7 +23,7 @@ from model.flops import BatchPricer, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from service.engine.graphs import EncoderGraphs, Layout, stage
 from service.engine.heads import Collector, launch_heads
-from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, Item, NspItem, Result
+from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, Item, NspItem, QaItem, Result, TokenClassifyItem
 
 log = logging.getLogger("service")
 
@@ -99,6 +99,14 @@ class Engine:
     @property
     def num_labels(self) -> int:
         return self.model.num_labels
+
+    @property
+    def num_token_labels(self) -> int:
+        return self.model.num_token_labels
+
+    @property
+    def has_qa_head(self) -> bool:
+        return self.model.qa_outputs is not None
 
     def flops(self, count: int, longest: int, real: int, real_squares: int,
               layers: int | None = None) -> tuple[float, float]:
@@ -200,6 +208,10 @@ class Engine:
             items.append(NspItem(two, [0, 0, 0, 1, 1]))
         if self.num_labels:
             items.append(ClassifyItem(two, [0, 0, 0, 1, 1]))
+        if self.num_token_labels:
+            items.append(TokenClassifyItem(one, [0] * 3))
+        if self.has_qa_head:
+            items.append(QaItem(two, [0, 0, 0, 1, 1]))
         self.run(self.collate(items))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

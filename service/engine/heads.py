@@ -10,6 +10,7 @@ On a CPU everything has happened by the time `launch_heads` returns.
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Callable
 
 import numpy as np
@@ -32,6 +33,10 @@ from service.tasks import (
     Result,
     SparseItem,
     SparseVector,
+    SpanLogits,
+    QaItem,
+    TokenClassifyItem,
+    TokenLogits,
     TokenVectors,
 )
 
@@ -57,7 +62,9 @@ def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.T
         found += [_fill_mask(model, items, hidden, starts), _cls_head(items, hidden, starts, NspItem,
                                                                       model.nsp_logits_from_cls, NspLogits),
                   _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits),
-                  _sparse(model, items, hidden, starts)]
+                  _sparse(model, items, hidden, starts), _per_token(items, hidden, starts, TokenClassifyItem,
+                                                                    model.classifier, TokenLogits),
+                  _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits)]
     return [collect for collect in found if collect is not None]
 
 
@@ -153,4 +160,28 @@ def _sparse(model: BertForPreTraining, items: list[Item], hidden: torch.Tensor, 
     def collect(results: list) -> None:
         for row, value in found.items():
             results[row] = value
+    return collect
+
+
+def _span_logits(logits: np.ndarray) -> SpanLogits:
+    """(L, 2) question-answering logits -> their start and end columns, each its own (L,) array."""
+    return SpanLogits(logits[:, 0].copy(), logits[:, 1].copy())
+
+
+def _per_token(items: list[Item], hidden: torch.Tensor, starts: list[int], kind: type,
+               head: torch.nn.Module | None, result: Callable[[np.ndarray], Result]) -> Collector | None:
+    """A head on every token's last-layer state of each item of `kind` (a token classifier, the question-answering
+    span head): one matmul over the rows of all those items, (R, outputs) to the host."""
+    rows = [r for r, item in enumerate(items) if isinstance(item, kind)]
+    if not rows:
+        return None
+    spans = [(starts[r], starts[r] + len(items[r])) for r in rows]
+    at = to_device([i for start, stop in spans for i in range(start, stop)], hidden.device)
+    logits = to_host(head(hidden[at]).float())  # (sum of the items' lengths, outputs)
+    ends = list(accumulate(stop - start for start, stop in spans))
+
+    def collect(results: list) -> None:
+        values = logits.numpy()
+        for row, stop, (start, end) in zip(rows, ends, spans):
+            results[row] = result(values[stop - (end - start) : stop])
     return collect

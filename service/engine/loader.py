@@ -146,6 +146,7 @@ def load_engine(settings: Settings, metrics: Metrics, engine_factory=None) -> Lo
                        has_nsp_head=engine.has_nsp_head, num_labels=engine.num_labels,
                        batch_tokens_in_force=batch_tokens, batch_size_in_force=batch_size, cuda_graphs=graphs,
                        cuda_graphs_live=live,
-                       cuda_graphs_eager=[f"{name}: {why}" for name, why in engine.graphs_fallen_back.items()])
+                       cuda_graphs_eager=[f"{name}: {why}" for name, why in engine.graphs_fallen_back.items()],
+                       num_token_labels=engine.num_token_labels, has_qa_head=engine.has_qa_head)
     log.info("model on %s (%s), ready in %.1f s", device, precision.name, time.perf_counter() - started)
     return LoadedEngine(checkpoint, engine, batcher, precision, facts)

@@ -19,6 +19,9 @@ PREDICTION_BYTES = 80  # a fill-mask prediction's fields and punctuation, its se
 SEQUENCE_BYTES_PER_TOKEN = 6  # a prediction's `sequence` (the input with the token in place), per input token
 TOKEN_PIECE_BYTES = 64  # one /tokenize piece: {"id", "text", "special", "start", "stop"}
 SPARSE_VALUE_BYTES = 44  # one /embed_sparse {"index", "value"} (the value a Python float)
+ENTITY_BYTES = 110  # a token-classification entity's fields and punctuation, its word aside
+ANSWER_BYTES = 80  # a question-answering answer's fields and punctuation, its text aside
+MAX_PIECE_CHARS = 100  # the longest word a WordPiece vocabulary reads as pieces (longer ones are one [UNK])
 MB = 1_000_000
 
 
@@ -56,3 +59,18 @@ def check_pieces(pieces: int, limit_mb: float) -> None:
 
 def check_sparse(values: int, limit_mb: float) -> None:
     check(values * SPARSE_VALUE_BYTES, limit_mb, f"{values} non-zero weights", "send fewer or shorter texts")
+
+
+def check_entities(tokens: int, characters: int, limit_mb: float) -> None:
+    """Token classification: at most an entity per token, whose words add up to at most the texts."""
+    check(tokens * ENTITY_BYTES + characters, limit_mb, f"{tokens} tokens, {characters} characters",
+          "send fewer or shorter texts")
+
+
+def check_answers(context_chars: list[int], answers_per_input: int, max_answer_len: int, limit_mb: float) -> None:
+    """Question answering: `answers_per_input` answers per input, each a span of at most `max_answer_len` tokens
+    of its context."""
+    longest = max_answer_len * MAX_PIECE_CHARS
+    estimate = sum(answers_per_input * (ANSWER_BYTES + min(chars, longest)) for chars in context_chars)
+    check(estimate, limit_mb, f"{len(context_chars)} inputs x {answers_per_input} answers",
+          "send fewer inputs or a smaller top_k")

@@ -23,6 +23,7 @@ from service.frontend.routes_classify import classify
 from service.frontend.routes_openai import openai, openai_alias
 from service.frontend.routes_root import root
 from service.frontend.routes_tei import tei
+from service.frontend.routes_tokens import tokens
 from service.frontend.runtime import Runtime
 
 log = logging.getLogger("service")
@@ -75,7 +76,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     app.state.runtime = runtime
     app.state.on_load_failure = None
     app.state.on_loaded = None  # called once loading succeeded (service.frontend.serve: the garbage collector)
-    routers = (public, api, openai, openai_alias, tei, classify, root)
+    routers = (public, api, openai, openai_alias, tei, classify, tokens, root)
     for router in routers:
         app.include_router(router)
 

@@ -95,7 +95,8 @@ Waiter = Watch | None  # how to learn that the caller has gone (service.frontend
 class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
-                 classifier_pairs: bool = False, deadline_grace_s: float = 2.0):
+                 classifier_pairs: bool = False, deadline_grace_s: float = 2.0, num_token_labels: int = 0,
+                 has_qa_head: bool = False):
         self.tokenizer = tokenizer
         self.engine = engine
         self.limits = limits
@@ -107,12 +108,16 @@ class FrontDoor:
         self.width = width  # the encoder's hidden size: the length of every vector
         self.num_labels = num_labels  # outputs of a sequence classifier / cross-encoder head (0: none)
         self.classifier_pairs = classifier_pairs  # whether the classifier reads [a, b] pairs (a cross-encoder)
+        self.num_token_labels = num_token_labels  # outputs of a token-classification head (0: none)
+        self.has_qa_head = has_qa_head  # an extractive question-answering head
 
     def heads(self) -> str:
         """What this checkpoint can do, for errors that refuse a route it cannot serve."""
         names = ["encoder (embeddings)"] + (["masked-LM head"] if self.has_mlm_head else []) + \
             (["next-sentence head"] if self.has_nsp_head else []) + \
-            ([f"classification head ({self.num_labels} outputs)"] if self.num_labels else [])
+            ([f"classification head ({self.num_labels} outputs)"] if self.num_labels else []) + \
+            ([f"token-classification head ({self.num_token_labels} labels)"] if self.num_token_labels else []) + \
+            (["question-answering head"] if self.has_qa_head else [])
         return ", ".join(names)
 
     def _require(self, present: bool, route_needs: str) -> None:
@@ -233,7 +238,7 @@ class FrontDoor:
         answer_size.check_pieces(sum(map(len, pieces)), self.limits.max_response_mb)
         return pieces
 
-    # ---- the steps ---------------------------------------------------------------------------
+    # ---- the steps (also those of the tasks beside this class: service.frontend.token_tasks) --------
 
     async def _tokenize(self, inputs, build: Callable[[], T]) -> T:
         started = time.perf_counter()
@@ -273,6 +278,8 @@ class FrontDoor:
         pending.result.set_exception(ServiceError(
             "unavailable", f"no answer within the request's deadline ({self.queue_timeout_s:g} s): {reason}",
             retry_after_s=1))
+
+    require, prepare, compute = _require, _tokenize, _compute
 
     def _predictions(self, input_ids: list[int], result: FillMaskScores) -> list[MaskOutput]:
         tokenizer = self.tokenizer

@@ -59,6 +59,9 @@ TEI_TYPES = {"validation": "Validation", "empty": "Empty", "overloaded": "Overlo
 # OpenAI and TEI answer a bad request with 400 / 413 / 422 as their own servers do.
 OPENAI_STATUS = {"validation": 400, "empty": 400}
 TEI_STATUS = {"empty": 400, "unsupported": 424, "internal": 424}  # TEI's StatusCode::from(&ErrorType)
+# Our routes of a task head (service.frontend.routes_tokens) answer a checkpoint without that head as /predict does
+# without a classifier: 424 (the request cannot succeed on this model), not a 5xx; the body keeps our shape.
+TASK_HEAD_ROUTES = frozenset({"/token-classification", "/question-answering"})
 
 
 def api_of(path: str) -> str:
@@ -76,7 +79,8 @@ def error_body(kind: str, message: str, path: str = "", param: str | None = None
             "message": message, "type": OPENAI_TYPES.get(kind, "invalid_request_error"), "param": param, "code": code}}
     if api == "tei":
         return TEI_STATUS.get(kind, STATUS[kind]), {"error": message, "error_type": TEI_TYPES.get(kind, "Validation")}
-    return STATUS[kind], {"error": message, "error_type": "validation" if kind == "empty" else kind}
+    status = 424 if kind == "unsupported" and path in TASK_HEAD_ROUTES else STATUS[kind]
+    return status, {"error": message, "error_type": "validation" if kind == "empty" else kind}
 
 
 def error_response(kind: str, message: str, path: str = "", retry_after_s: float | None = None,

@@ -6,12 +6,14 @@ One checkpoint here can do several tasks (ours embed and fill masks), so the roo
 rule (`root_task`), then answers in the Hugging Face task's shape. The rule, in order:
 1. `inputs` is `{source_sentence, sentences}` -> sentence-similarity (list of cosines);
 2. `inputs` is `{text, text_pair}` -> text-classification of that pair;
-3. the `root_task` setting, when it names a task;
-4. a classifier / cross-encoder checkpoint -> text-classification, unless the request carries only
-   feature-extraction fields beside `inputs` (`normalize`, `dimensions`, `prompt_name`, ...: what
-   huggingface_hub's feature_extraction sends; its text_classification always sends `parameters`);
-5. every text holds [MASK], or `parameters` has `top_k` or `targets` -> fill-mask (needs the MLM head);
-6. otherwise -> feature-extraction (pooled vectors, as /embed).
+3. `inputs` is `{question, context}` -> question-answering (`service.frontend.root_tokens`);
+4. the `root_task` setting, when it names a task;
+5. a classifier / cross-encoder checkpoint -> text-classification, and a token-classification checkpoint ->
+   token-classification, unless the request carries only feature-extraction fields beside `inputs`
+   (`normalize`, `dimensions`, `prompt_name`, ...: what huggingface_hub's feature_extraction sends; its
+   text_classification and token_classification always send `parameters`);
+6. every text holds [MASK], or `parameters` has `top_k` or `targets` -> fill-mask (needs the MLM head);
+7. otherwise -> feature-extraction (pooled vectors, as /embed).
 A request the rule cannot place (some texts with [MASK] and some without; an `inputs` object of another
 task) gets 422 saying which explicit route to call.
 """
@@ -28,6 +30,7 @@ from starlette.responses import Response
 
 from model.tokenizer import MASK
 from service.errors import ServiceError
+from service.frontend import root_tokens
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
@@ -38,7 +41,8 @@ from service.frontend.schemas import Strict, Text
 from service.frontend.schemas_tei import Direction, TeiInput, TeiSimilarityRequest
 
 root = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["Hugging Face Inference API"])
-EXPLICIT = "call the explicit route instead: /embed, /fill-mask, /similarity or /predict"
+EXPLICIT = ("call the explicit route instead: /embed, /fill-mask, /similarity, /predict, /token-classification or "
+            "/question-answering")
 
 
 class EmbedParameters(Strict):
@@ -93,15 +97,18 @@ def root_task(body: dict, door: FrontDoor, default: str) -> str:
             return "sentence-similarity"
         if "text" in inputs:
             return "text-classification"
+        if "question" in inputs or "context" in inputs:
+            return "question-answering"
         raise ServiceError("validation", f"inputs is an object with fields {sorted(inputs)}, which no task of the root "
-                                         f"route takes ({{source_sentence, sentences}} or {{text, text_pair}}); {EXPLICIT}",
-                           param="inputs")
+                                         f"route takes ({{source_sentence, sentences}}, {{text, text_pair}} or "
+                                         f"{{question, context}}); {EXPLICIT}", param="inputs")
     if default != "auto":
         return default
-    if door.num_labels:
+    if door.num_labels or door.num_token_labels:
         embedding_only = set(EmbedParameters.model_fields) - {"truncate", "truncation_direction"}
         asks_embedding = "parameters" not in body and bool(embedding_only & set(body))
-        return "feature-extraction" if asks_embedding else "text-classification"
+        task = "text-classification" if door.num_labels else "token-classification"
+        return "feature-extraction" if asks_embedding else task
     texts = [inputs] if isinstance(inputs, str) else inputs if isinstance(inputs, list) else []
     masked = [isinstance(t, str) and MASK in t for t in texts]
     parameters = body.get("parameters")
@@ -175,13 +182,18 @@ async def _text_classification(body: dict, request: Request, door: FrontDoor, st
 
 
 TASKS = {"feature-extraction": _feature_extraction, "fill-mask": _fill_mask,
-         "sentence-similarity": _sentence_similarity, "text-classification": _text_classification}
+         "sentence-similarity": _sentence_similarity, "text-classification": _text_classification,
+         "token-classification": root_tokens.token_classification, "question-answering": root_tokens.question_answering}
 ROOT_BODY = Body(openapi_examples={
     "feature-extraction": {"value": {"inputs": ["a crane is flying"], "normalize": True}},
     "fill-mask": {"value": {"inputs": "the capital of france is [MASK] .", "parameters": {"top_k": 3}}},
     "sentence-similarity": {"value": {"inputs": {"source_sentence": "a crane is flying",
                                                  "sentences": ["a bird in the sky", "the river flows"]}}},
     "text-classification": {"value": {"inputs": {"text": "how old is the tower?", "text_pair": "built in 1889."}}},
+    "token-classification": {"value": {"inputs": "Ada Lovelace lived in London .",
+                                       "parameters": {"aggregation_strategy": "simple"}}},
+    "question-answering": {"value": {"inputs": {"question": "Where did Ada live ?",
+                                                "context": "Ada Lovelace lived in London ."}}},
 })
 
 
@@ -193,7 +205,8 @@ async def answer(body: dict, request: Request, door: FrontDoor, state) -> Respon
 @root.post("/", summary="The Hugging Face Inference API / TEI root route")
 async def inference(request: Request, door: Door, state: State, body: dict[str, Any] = ROOT_BODY) -> Response:
     """Answers the task the request's shape implies (feature-extraction, fill-mask, sentence-similarity,
-    text-classification) in the Hugging Face task's shape; the response header X-Task names it."""
+    text-classification, token-classification, question-answering) in the Hugging Face task's shape; the response
+    header X-Task names it."""
     return await answer(body, request, door, state)
 
 

@@ -125,13 +125,15 @@ class Runtime:
         except BaseException:
             files.cancel()
             raise
-        checkpoint = with_labels(await files, facts.num_labels)
+        checkpoint = with_labels(await files, facts.num_labels or facts.num_token_labels)  # one classifier or none
         limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k, s.max_response_mb)
         self.checkpoint, self.facts = checkpoint, facts
         self.frontdoor = FrontDoor(checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s,
                                    facts.has_mlm_head, facts.has_nsp_head, checkpoint.config.hidden_size,
-                                   facts.num_labels, reads_pairs(checkpoint, s.classifier_pairs),
-                                   deadline_grace_s=s.deadline_grace_s)
+                                   facts.num_labels,
+                                   reads_pairs(checkpoint, s.classifier_pairs) and facts.num_labels > 0,
+                                   deadline_grace_s=s.deadline_grace_s, num_token_labels=facts.num_token_labels,
+                                   has_qa_head=facts.has_qa_head)
         self.lifecycle.ready()
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, facts.device, facts.dtype,
                  time.perf_counter() - started)
@@ -174,7 +176,9 @@ class Runtime:
             "ready": self.lifecycle.is_ready,
             "config": checkpoint.config.to_dict() if checkpoint else None,
             "heads": {"mlm": bool(facts and facts.has_mlm_head), "nsp": bool(facts and facts.has_nsp_head),
-                      "classifier": bool(facts and facts.num_labels)},
+                      "classifier": bool(facts and facts.num_labels),
+                      "token_classifier": bool(facts and facts.num_token_labels),
+                      "question_answering": bool(facts and facts.has_qa_head)},
             "device": facts.device if facts else None,
             "dtype": facts.dtype if facts else None,
             "max_input_tokens": checkpoint.tokenizer.model_max_length if checkpoint else None,
@@ -198,7 +202,7 @@ class Runtime:
     def _tei_info(self, checkpoint: Checkpoint) -> dict:
         """The fields text-embeddings-inference's /info has (its clients read them), beside ours."""
         s, labels = self.settings, checkpoint.labels
-        if labels is not None:
+        if labels is not None and self.facts is not None and self.facts.num_labels:  # TEI has no token classifiers
             id2label = dict(enumerate(labels.labels))
             kind = "reranker" if len(labels.labels) == 1 else "classifier"
             model_type = {kind: {"id2label": {str(i): n for i, n in id2label.items()},

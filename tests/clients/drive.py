@@ -88,9 +88,27 @@ def inference_client_hub1(url: str, key: str) -> dict:
             "similarity": client.sentence_similarity(TEXTS[0], TEXTS[1:])}
 
 
+def inference_client_hub1_token_classification(url: str, key: str) -> dict:
+    """huggingface_hub 1.x against a token classifier: entities as dicts."""
+    from huggingface_hub import InferenceClient
+
+    entities = InferenceClient(base_url=url, token=key).token_classification(TEXTS[2], aggregation_strategy="first")
+    return {"entities": [dict(e) for e in entities]}
+
+
+def inference_client_hub1_question_answering(url: str, key: str) -> dict:
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(base_url=url, token=key)
+    return {"best": dict(client.question_answering(question="who played ?", context=TEXTS[2])),
+            "top": [dict(a) for a in client.question_answering(question="who played ?", context=TEXTS[2], top_k=2)]}
+
+
 CHECKS = {f.__name__: f for f in (langchain_openai_embeddings, langchain_openai_defaults,
                                   langchain_huggingface_embeddings, langchain_huggingface_embeddings_normalized,
-                                  llama_index_tei, llama_index_openai_like, inference_client_hub1)}
+                                  llama_index_tei, llama_index_openai_like, inference_client_hub1,
+                                  inference_client_hub1_token_classification,
+                                  inference_client_hub1_question_answering)}
 
 
 def main() -> None:

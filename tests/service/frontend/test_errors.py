@@ -129,7 +129,12 @@ async def test_checkpoint_without_heads_answers_unsupported(tmp_path, tiny_check
         assert (await client.post("/encode", json={"inputs": "a"})).status_code == 200
         assert_error(await client.post("/fill-mask", json={"inputs": "[MASK]"}), 501, "unsupported", "masked-LM head")
         assert_error(await client.post("/nsp", json={"inputs": ["a", "b"]}), 501, "unsupported", "next-sentence head")
-        assert (await client.get("/info")).json()["heads"] == {"mlm": False, "nsp": False, "classifier": False}
+        assert_error(await client.post("/token-classification", json={"inputs": "a"}), 424, "unsupported",
+                     "token-classification head")
+        assert_error(await client.post("/question-answering", json={"inputs": {"question": "a", "context": "b"}}), 424,
+                     "unsupported", "question-answering head")
+        assert (await client.get("/info")).json()["heads"] == {"mlm": False, "nsp": False, "classifier": False,
+                                                               "token_classifier": False, "question_answering": False}
 
 
 class GatedEngine(Engine):

@@ -49,6 +49,10 @@ BASES = {
     "/embeddings": {"input": "a crane"},
     "/predict": {"inputs": "a crane"},
     "/rerank": {"query": "a crane", "texts": ["a bird"]},
+    "/token-classification": {"inputs": ["a crane"], "aggregation_strategy": "simple", "ignore_labels": ["O"],
+                              "stride": 4},
+    "/question-answering": {"inputs": {"question": "what flies ?", "context": "a crane"}, "top_k": 2,
+                            "max_answer_len": 3, "doc_stride": 2, "max_seq_len": 32, "align_to_words": True},
     "/": {"inputs": "the [MASK] flows .", "parameters": {"top_k": 2}},
     "/invocations": {"inputs": {"source_sentence": "a river", "sentences": ["the stream"]}},
 }
