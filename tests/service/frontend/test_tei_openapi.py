@@ -112,6 +112,7 @@ async def test_answers_tei_does_not_document_still_carry_its_error_body(tiny_che
 def test_every_error_kind_is_a_tei_error_with_teis_status_for_its_type(kind, path):
     status, body = error_body(kind, "what went wrong", path)
     ERROR_RESPONSE.validate(body)
-    if kind in ("unauthorized", "payload_too_large", "unsupported_media_type", "not_found", "method_not_allowed"):
-        return  # TEI has no type for these; the status stays the one HTTP names (401, 413, 415, 404, 405)
+    if kind in ("unauthorized", "payload_too_large", "unsupported_media_type", "not_found", "method_not_allowed",
+                "request_timeout"):
+        return  # TEI has no type for these; the status stays the one HTTP names (401, 413, 415, 404, 405, 408)
     assert status == TEI_STATUS[body["error_type"]], (kind, status, body)
