@@ -247,4 +247,8 @@ def test_inference_client_token_classification_and_question_answering(task_heads
         [(e["entity_group"], e["start"], e["end"]) for e in want]
     answers = drive(qa_url, "inference_client_hub1_question_answering")["inference_client_hub1_question_answering"]
     assert answers["best"]["answer"] == TEXTS[2][answers["best"]["start"] : answers["best"]["end"]]
-    assert len(answers["top"]) == 2 and answers["top"][0] == answers["best"]
+    # The same span; its score to batching's rounding (the two requests may share a batch with different company).
+    first, best = answers["top"][0], answers["best"]
+    assert len(answers["top"]) == 2 and (first["answer"], first["start"], first["end"]) == \
+        (best["answer"], best["start"], best["end"])
+    assert abs(first["score"] - best["score"]) < 1e-3
