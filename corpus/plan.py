@@ -89,7 +89,7 @@ def parquet_file(handle, uri: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(handle)
     except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is not Parquet
-        raise CorpusError(file.uri, f"not a readable Parquet file: {error}",
+        raise CorpusError(uri, f"not a readable Parquet file: {error}",
                           "check that it is whole, or pass the right --format") from None
 
 
