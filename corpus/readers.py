@@ -138,7 +138,8 @@ def csv_header(file: InputFile, storage_options: dict | None = None) -> list[str
     with open_input(file, storage_options) as stream:
         for line, _offset, fields in CsvRecords(stream.read):
             if isinstance(fields, csv.Error):
-                raise CorpusError(file.uri, f"the header is not valid CSV: {fields}", "fix the first line", row=line + 1)
+                raise CorpusError(file.uri, f"the header is not valid CSV: {fields}", "fix the first line",
+                                  row=line + 1)
             if fields[0].startswith("\ufeff"):
                 fields[0] = fields[0][1:]
             return fields
@@ -169,8 +170,9 @@ def _read_csv(unit: WorkUnit, text_column, id_column, storage_options) -> Iterat
                 yield Rejected(file.uri, number, generated, f"not a valid CSV record: {fields}")
                 continue
             if len(fields) != len(header):
+                plural = "" if len(fields) == 1 else "s"
                 yield Rejected(file.uri, number, generated,
-                               f"the record has {len(fields)} field{'' if len(fields) == 1 else 's'} where the header has {len(header)}")
+                               f"the record has {len(fields)} field{plural} where the header has {len(header)}")
                 continue
             doc_id, problem = (generated, None) if id_at is None else _id_of(fields[id_at])
             text = fields[text_at]

@@ -68,8 +68,8 @@ def test_jsonl_row_faults_are_rejects_in_place(tmp_path):
         ("Rejected", 5, "r.jsonl:5", "text is null"),
         ("Rejected", 6, "r.jsonl:6", "no field 'text' (fields: 'body', 'title'; name the right one with "
                                      "--text-column / --id-column)"),
-        ("Rejected", 7, "r.jsonl:7", "line is not valid JSON: unexpected character, expected a string key: line 1 column 2 "
-                                     "(char 1)"),
+        ("Rejected", 7, "r.jsonl:7", "line is not valid JSON: unexpected character, expected a string key: "
+                                     "line 1 column 2 (char 1)"),
         ("Rejected", 8, "r.jsonl:8", "line is a JSON list, not an object"),
         ("Document", 9, "r.jsonl:9", "a bare string is a document"),
         ("Rejected", 10, "r.jsonl:10", "line is not valid UTF-8 (byte 0xe9 at byte 14 of the line; is the file "
