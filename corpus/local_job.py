@@ -180,7 +180,8 @@ class Pipeline:
                 self.stopping.set()
 
     def _put(self, into: queue.Queue, item, force: bool = False) -> bool:
-        """Put unless the job is stopping (then False); `force` puts anyway, making room if the queue is full."""
+        """Put unless the job is stopping (then False); `force` puts anyway, and once the job is stopping makes room
+        by dropping what waits there (the stage behind may be gone)."""
         while True:
             if self.stopping.is_set() and not force:
                 return False
@@ -188,7 +189,7 @@ class Pipeline:
                 into.put(item, timeout=0.1)
                 return True
             except queue.Full:
-                if force:
+                if force and self.stopping.is_set():
                     try:
                         into.get_nowait()
                     except queue.Empty:
