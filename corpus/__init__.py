@@ -1,1 +1,1 @@
-"""Embed a whole corpus with the service's engine as a library: `python -m corpus embed INPUT --output DIR`."""
+"""Embed a whole corpus with the engine as a library: `python -m corpus embed INPUT --output DIR`."""

@@ -1,0 +1,167 @@
+"""Bytes in, lines out: opening an input (seeking, or decompressing up to, a work unit's first byte), splitting it
+into lines in large blocks, counting lines without a Python loop per line, and cutting CSV into records the way
+both the plan and the reader must agree on."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import lzma
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from corpus.errors import CorpusError
+from corpus.inputs import InputFile, fingerprint, open_filesystem
+
+BLOCK_BYTES = 1 << 22  # 4 MiB: large enough that per-block Python work vanishes, small enough to stream
+_BYTE_ORDER_MARKS = {b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
+UTF8_BOM = b"\xef\xbb\xbf"
+# Long documents are normal in a corpus; the csv module's default cap (128 KiB a field) is not.
+csv.field_size_limit(2**31 - 1)
+
+Read = Callable[[int], bytes]
+
+
+class _CheckedReader:
+    """A file's read(n) whose failures (a truncated or corrupt compressed stream, a dropped connection) become
+    CorpusErrors naming the file."""
+
+    def __init__(self, stream, uri: str):
+        self._stream, self._uri = stream, uri
+
+    def read(self, size: int) -> bytes:
+        try:
+            return self._stream.read(size)
+        except (OSError, EOFError, lzma.LZMAError, pa.ArrowException) as error:
+            raise CorpusError(self._uri, f"cannot read it: {type(error).__name__}: {error}",
+                              "check that the file is whole (a compressed file must not be truncated)") from None
+
+
+def _decompressed(raw, compression: str | None):
+    if compression is None:
+        return raw
+    if compression == "xz":
+        return lzma.LZMAFile(raw)
+    return pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), compression)
+
+
+@contextlib.contextmanager
+def open_checked(file: InputFile, storage_options: dict | None = None):
+    """The file opened for reading as stored (seekable). A file that is gone, unreadable or changed since the job
+    listed it is a CorpusError: byte offsets and row counts planned on another version would be wrong."""
+    fs, path = open_filesystem(file.uri, storage_options)
+    try:
+        info = fs.info(path)
+        if fingerprint(info) != file.fingerprint:
+            raise CorpusError(file.uri, f"the file changed since the job was planned ({file.fingerprint} then, "
+                                        f"{fingerprint(info)} now)",
+                              "restore it, or start again in a new output directory")
+        raw = fs.open(path, "rb")
+    except FileNotFoundError:
+        raise CorpusError(file.uri, "the file is gone (it was there when the job was planned)",
+                          "restore it, or start again in a new output directory") from None
+    except PermissionError as error:
+        raise CorpusError(file.uri, f"not allowed to read it: {error}",
+                          "check its permissions or the credentials") from None
+    except OSError as error:
+        raise CorpusError(file.uri, f"cannot open it: {type(error).__name__}: {error}",
+                          "check the path, the network and the credentials") from None
+    with raw:
+        yield raw
+
+
+@contextlib.contextmanager
+def open_input(file: InputFile, storage_options: dict | None = None, byte_offset: int = 0) -> Iterator[_CheckedReader]:
+    """The file's bytes from `byte_offset` on (an offset into the decompressed stream for a compressed file,
+    which is read and dropped up to there: such files cannot seek)."""
+    with open_checked(file, storage_options) as raw:
+        if byte_offset and file.compression is None:
+            raw.seek(byte_offset)
+        reader = _CheckedReader(_decompressed(raw, file.compression), file.uri)
+        left = byte_offset if file.compression else 0
+        while left > 0:
+            skipped = len(reader.read(min(left, BLOCK_BYTES)))
+            if not skipped:
+                raise CorpusError(file.uri, "the file is shorter than when the job was planned",
+                                  "restore it, or start again in a new output directory")
+            left -= skipped
+        yield reader
+
+
+def refuse_other_encodings(first_bytes: bytes, uri: str) -> None:
+    """A UTF-16 file is a whole-file fault, not a million bad lines: say so once."""
+    encoding = _BYTE_ORDER_MARKS.get(first_bytes[:2])
+    if encoding:
+        raise CorpusError(uri, f"the file is {encoding}, not UTF-8",
+                          f"convert it, e.g. iconv -f {encoding} -t UTF-8 IN > OUT")
+
+
+def iter_lines(read: Read) -> Iterator[bytes]:
+    """The lines of a byte stream, each with its b"\\n" (the last one without, when the stream does not end in
+    one), read in large blocks. A line longer than a block is joined from pieces, not re-copied per block."""
+    pending: list[bytes] = []
+    while block := read(BLOCK_BYTES):
+        parts = block.split(b"\n")
+        last = parts.pop()
+        if parts:
+            first = parts[0] + b"\n"
+            yield b"".join(pending) + first if pending else first
+            pending = []
+            for part in parts[1:]:
+                yield part + b"\n"
+        if last:
+            pending.append(last)
+    if pending:
+        yield b"".join(pending)
+
+
+def count_lines(read: Read, every: int) -> tuple[int, list[int]]:
+    """(number of lines, byte offsets where lines 0, every, 2*every, ... start). Newlines are counted per block
+    in C; only a block where a boundary falls is scanned for the exact position."""
+    lines, position, offsets, last_byte = 0, 0, [0], b"\n"
+    next_boundary = every
+    while block := read(BLOCK_BYTES):
+        newlines = block.count(b"\n")
+        if lines + newlines >= next_boundary:
+            ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+            while lines + newlines >= next_boundary:
+                # line `next_boundary` starts right after the newline that ends line next_boundary - 1
+                offsets.append(position + int(ends[next_boundary - lines - 1]) + 1)
+                next_boundary += every
+        lines += newlines
+        position += len(block)
+        last_byte = block[-1:]
+    if last_byte != b"\n":
+        lines += 1  # a last line without its newline
+    return lines, [offset for index, offset in enumerate(offsets) if index * every < lines]
+
+
+class CsvRecords:
+    """The records of a CSV stream from a record's first byte on, with where each starts: (line index, byte
+    offset, fields or the csv.Error). Blank lines are no records. Undecodable bytes pass through as surrogates
+    (the reader rejects that record), so that plan and reader cut the stream at the same places."""
+
+    def __init__(self, read: Read, first_line: int = 0, first_offset: int = 0):
+        self.line, self.offset = first_line, first_offset
+        self._reader = csv.reader(self._lines(read), strict=True)
+
+    def _lines(self, read: Read) -> Iterator[str]:
+        for raw in iter_lines(read):
+            self.line += 1
+            self.offset += len(raw)
+            yield raw.decode("utf-8", "surrogateescape")
+
+    def __iter__(self) -> Iterator[tuple[int, int, list[str] | csv.Error]]:
+        while True:
+            line, offset = self.line, self.offset
+            try:
+                fields = next(self._reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                yield line, offset, error
+                continue
+            if fields:
+                yield line, offset, fields
