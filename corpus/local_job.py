@@ -26,18 +26,17 @@ from pathlib import Path
 
 from corpus import shards
 from corpus.embedder import Embedder, checkpoint_identity, job_identity, resolve_source
-from corpus.errors import CorpusError, Rejected
+from corpus.errors import CorpusError
 from corpus.inputs import resolve_inputs
 from corpus.plan import make_plan, plan_from_json, plan_to_json
 from corpus.progress import Progress, Summary
-from corpus.readers import read_unit
+from corpus.readers import check_columns, read_unit
 from corpus.settings import JobSettings
-from corpus.tokens import Tokenized, tokenize_unit
+from corpus.tokens import tokenize_unit
 
 log = logging.getLogger("corpus")
 MANIFEST_VERSION = 1
 QUEUE_UNITS = 2  # units waiting between two stages
-STOP_HINT = "fix the row, or run the same command with --on-error skip to write such rows to rejects/ and go on"
 
 
 def run(settings: JobSettings, stream=None) -> Summary:
@@ -45,6 +44,7 @@ def run(settings: JobSettings, stream=None) -> Summary:
     CorpusError (one line naming the file, and row where there is one) when it cannot go on."""
     started = time.monotonic()
     files = resolve_inputs(settings.input, settings.format)
+    check_columns(files, settings.text_column, settings.id_column)  # a missing column stops the job before it starts
     inputs = [{"uri": f.uri, "format": f.format, "size": f.size, "fingerprint": f.fingerprint} for f in files]
     source = resolve_source(settings)
     identity, model = job_identity(settings, source), checkpoint_identity(source)
@@ -148,8 +148,7 @@ class Pipeline:
                 prepared = tokenize_unit(unit, rows, embedder.tokenizer, embedder.prompt, s.truncate,
                                          s.chunk_tokens, s.chunk_overlap)
                 if prepared.rejects and s.on_error == "stop":
-                    first = min(prepared.rejects, key=lambda r: r.row)
-                    raise CorpusError(first.source, first.reason, STOP_HINT, row=first.row)
+                    raise min(prepared.rejects, key=lambda r: r.row).as_error()
                 if not self._put(out, prepared):
                     return
             self._put(out, _END)
@@ -173,7 +172,9 @@ class Pipeline:
                 shards.write_shard(s.output, prepared.unit, table, prepared.rejects,
                                    before_rename=lambda path: pause_point("renaming", written + 1))
                 written += 1
-                self.progress.written(prepared.documents, len(prepared.ids), len(prepared.rejects))
+                unit = prepared.unit
+                self.progress.written(unit.row_stop - unit.row_start, prepared.documents, len(prepared.ids),
+                                      len(prepared.rejects))
                 pause_point("shards", written)
             except BaseException as exc:  # noqa: BLE001  (the engine stage raises it)
                 failures.append(exc)

@@ -44,7 +44,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.on_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.total_rows, self.done_before = total_rows, done_rows
-        self.rows = self.chunks = self.rejects = self.tokens = self.shards = 0
+        self.planned = self.rows = self.chunks = self.rejects = self.tokens = self.shards = 0
         self.started = time.monotonic()
         self._every = redraw_every_s if self.on_terminal else log_every_s
         self._last_shown = self.started
@@ -56,9 +56,11 @@ class Progress:
             self.tokens += tokens
             self._maybe_show()
 
-    def written(self, rows: int, vectors: int, rejects: int) -> None:
-        """A shard of `rows` input rows (`vectors` output rows) and `rejects` rejected rows is on disk."""
+    def written(self, planned: int, rows: int, vectors: int, rejects: int) -> None:
+        """A unit's shard is on disk: `planned` rows of the plan (blank lines among them) gave `rows` embedded input
+        rows (`vectors` output rows) and `rejects` rejected ones."""
         with self._lock:
+            self.planned += planned
             self.rows += rows
             self.chunks += vectors
             self.rejects += rejects
@@ -73,8 +75,8 @@ class Progress:
 
     def _show(self, now: float) -> None:
         elapsed = max(now - self.started, 1e-9)
-        done = self.done_before + self.rows + self.rejects
-        rate = (self.rows + self.rejects) / elapsed
+        done = self.done_before + self.planned
+        rate = self.planned / elapsed
         left = max(self.total_rows - done, 0)
         eta = _duration(left / rate) if rate > 0 else "?"
         numbers = (f"{done}/{self.total_rows} rows, {rate:.1f} rows/s, {self.tokens / elapsed:.0f} tokens/s, "

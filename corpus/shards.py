@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +109,7 @@ def write_shard(output_dir: str | Path, unit, table: pa.Table, rejects: list[Rej
     """The unit's rejects file (when it has rejects), then its shard: each atomically. A unit redone after a crash
     overwrites whatever rejects file it left."""
     if rejects:
-        lines = "".join(json.dumps(asdict(r), ensure_ascii=False) + "\n" for r in rejects)
+        lines = "".join(json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in rejects)
         _write_text(rejects_path(output_dir, unit.name), lines)
     else:
         rejects_path(output_dir, unit.name).unlink(missing_ok=True)  # left by an earlier try under --on-error skip
