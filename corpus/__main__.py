@@ -1,0 +1,7 @@
+"""python -m corpus embed INPUT --output DIR [options] (corpus.cli)."""
+
+import sys
+
+from corpus.cli import main
+
+sys.exit(main())

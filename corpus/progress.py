@@ -1,0 +1,105 @@
+"""How far a job has come: a bar redrawn in place on a terminal, a plain line now and then in a log, and a summary.
+
+Rates are counted from this run's start over the rows this run embedded (a resumed job's earlier rows count in
+done/total, not in rows/s); the ETA is the rows left at that rate.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+BAR_WIDTH = 28
+
+
+@dataclass
+class Summary:
+    rows: int  # input rows embedded by this run
+    chunks: int  # output rows written by this run (one per chunk when chunking, else one per row)
+    rejects: int  # input rows refused by this run (--on-error skip)
+    tokens: int
+    seconds: float
+    shards: int  # shards written by this run
+    already_done: int  # input rows done by earlier runs
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self) -> str:
+        text = (f"done: {self.rows} rows -> {self.chunks} vectors in {self.shards} shards, {self.rejects} rejected, "
+                f"{self.tokens} tokens in {self.seconds:.1f} s ({self.rows_per_s:.1f} rows/s, "
+                f"{self.tokens / self.seconds if self.seconds > 0 else 0:.0f} tokens/s)")
+        return text + (f"; {self.already_done} rows were done by an earlier run" if self.already_done else "")
+
+
+class Progress:
+    """Thread-safe counters with a display. `total_rows` are the plan's rows; `done_rows` those already done."""
+
+    def __init__(self, total_rows: int, done_rows: int = 0, stream: TextIO | None = None,
+                 log_every_s: float = 10.0, redraw_every_s: float = 0.2):
+        self.stream = stream or sys.stderr
+        self.on_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.total_rows, self.done_before = total_rows, done_rows
+        self.planned = self.rows = self.chunks = self.rejects = self.tokens = self.shards = 0
+        self.started = time.monotonic()
+        self._every = redraw_every_s if self.on_terminal else log_every_s
+        self._last_shown = self.started
+        self._lock = threading.Lock()
+
+    def computed(self, vectors: int, tokens: int) -> None:
+        """A batch of `vectors` sequences and `tokens` tokens went through the engine."""
+        with self._lock:
+            self.tokens += tokens
+            self._maybe_show()
+
+    def written(self, planned: int, rows: int, vectors: int, rejects: int) -> None:
+        """A unit's shard is on disk: `planned` rows of the plan (blank lines among them) gave `rows` embedded input
+        rows (`vectors` output rows) and `rejects` rejected ones."""
+        with self._lock:
+            self.planned += planned
+            self.rows += rows
+            self.chunks += vectors
+            self.rejects += rejects
+            self.shards += 1
+            self._maybe_show(force=not self.on_terminal and self.shards == 1)
+
+    def _maybe_show(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_shown >= self._every:
+            self._last_shown = now
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        elapsed = max(now - self.started, 1e-9)
+        done = self.done_before + self.planned
+        rate = self.planned / elapsed
+        left = max(self.total_rows - done, 0)
+        eta = _duration(left / rate) if rate > 0 else "?"
+        numbers = (f"{done}/{self.total_rows} rows, {rate:.1f} rows/s, {self.tokens / elapsed:.0f} tokens/s, "
+                   f"ETA {eta}")
+        if self.on_terminal:
+            share = done / self.total_rows if self.total_rows else 1.0
+            filled = int(share * BAR_WIDTH)
+            self.stream.write(f"\r[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {share:4.0%} {numbers}\x1b[K")
+        else:
+            self.stream.write(f"progress: {numbers}\n")
+        self.stream.flush()
+
+    def finish(self) -> Summary:
+        with self._lock:
+            if self.on_terminal:
+                self._show(time.monotonic())
+                self.stream.write("\n")
+                self.stream.flush()
+            return Summary(self.rows, self.chunks, self.rejects, self.tokens, time.monotonic() - self.started,
+                           self.shards, self.done_before)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

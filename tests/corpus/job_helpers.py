@@ -1,0 +1,58 @@
+"""What the corpus job's tests share: a small corpus of real sentences, the CLI run in-process or as a process, and
+the output read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from devkit.paths import REPO_ROOT
+from tests.conftest import wikitext_lines
+
+
+def sentences(count: int, chars: int = 160) -> list[str]:
+    """`count` WikiText-2 lines cut to at most `chars` characters (within the tiny model's 128 positions)."""
+    lines = wikitext_lines("valid")
+    return [lines[i % len(lines)][:chars] for i in range(count)]
+
+
+def write_jsonl(path: Path, texts: list[str], ids: bool = True) -> Path:
+    with open(path, "w", encoding="utf-8") as handle:
+        for index, text in enumerate(texts):
+            handle.write(json.dumps({"id": f"doc-{index}", "text": text} if ids else {"text": text}) + "\n")
+    return path
+
+
+def embed_args(source: Path, output: Path, checkpoint: Path, *extra: str) -> list[str]:
+    return ["embed", str(source), "--output", str(output), "--checkpoint", str(checkpoint), *extra]
+
+
+def run_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m corpus ARGS` in a process of its own, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "corpus", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def start_cli(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "corpus", *args], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+
+
+def read_output(output: Path) -> dict[str, object]:
+    """All shards' columns, concatenated in shard-name order: {"id": [...], "embedding": (n, d) array, ...}."""
+    tables = [pq.read_table(path) for path in sorted((output / "shards").glob("part-*.parquet"))]
+    found: dict[str, object] = {}
+    for name in tables[0].column_names:
+        values = [v for table in tables for v in table.column(name).to_pylist()]
+        found[name] = np.asarray(values, dtype=np.float32) if name == "embedding" else values
+    return found
+
+
+def manifest(output: Path) -> dict:
+    return json.loads((output / "manifest.json").read_text(encoding="utf-8"))
