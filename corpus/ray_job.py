@@ -71,11 +71,24 @@ def run(settings: JobSettings, stream=None) -> Summary:
                 progress.computed(int(result["vectors"]), int(result["tokens"]))
                 progress.written(int(result["planned"]), int(result["documents"]), int(result["vectors"]),
                                  int(result["rejects"]))
+        except Exception as exc:
+            raise _as_corpus_error(exc) from None
         finally:
             if started_ray:
                 ray.shutdown()
     shards.write_manifest(settings.output, shards.completed(settings.output, manifest, [u.name for u in plan]))
     return progress.finish()
+
+
+def _as_corpus_error(exc: BaseException) -> BaseException:
+    """A CorpusError raised in a worker comes back wrapped in Ray's exceptions (with the worker's traceback in its
+    text): the job's one-line error again, else `exc` as it is."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, CorpusError):
+            return CorpusError(seen.source, seen.problem, seen.hint, row=seen.row)
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return exc
 
 
 def runtime_env() -> dict:

@@ -115,3 +115,18 @@ def test_a_finished_job_rerun_on_ray_does_nothing_and_a_resume_embeds_only_what_
     assert [n for n in after if after[n] != before[n]] == list(before)[:3]
     np.testing.assert_allclose(read_output(output)["embedding"], read_output(single_machine)["embedding"],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_bad_row_stops_the_job_on_ray_with_the_same_one_line_error(cluster, job, tmp_path):
+    from corpus import ray_job
+    from corpus.errors import CorpusError
+
+    if not cluster.exists():  # (run alone) no actor stands still here
+        cluster.write_text("0")
+    source = tmp_path / "bad.jsonl"
+    source.write_text(open(job.input, encoding="utf-8").read() + "{not json\n", encoding="utf-8")
+    with pytest.raises(CorpusError) as stopped:
+        ray_job.run(replace(job, input=str(source), output=str(tmp_path / "out"), ray=True))
+    message = str(stopped.value)
+    assert message.startswith(f"{source}:{ROWS + 1}: ") and "\n" not in message, message
+    assert not (tmp_path / "out" / "shards" / f"part-00000-{ROWS:012d}.parquet").exists()
