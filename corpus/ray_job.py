@@ -145,8 +145,10 @@ def _results(settings: JobSettings, todo: list[WorkUnit]):
     units = ray.data.from_items([{"unit": json.dumps(unit.to_json())} for unit in todo],
                                 override_num_blocks=len(todo))
     tokenized = units.map(_tokenize, fn_args=(_settings_json(settings),), num_cpus=TOKENIZE_CPUS)
+    # Ray Data restarts a pool's dead actor and retries its task there (max_restarts=-1, max_task_retries=-1 are its
+    # defaults for actor pools); tests/corpus/test_ray.py fails if that ever changes.
     written = tokenized.map_batches(_EmbedUnit, fn_constructor_args=(_settings_json(settings),), batch_size=1,
-                                    concurrency=actors, max_restarts=-1, max_task_retries=-1, **where)
+                                    compute=ray.data.ActorPoolStrategy(size=actors), **where)
     log.info("on Ray: %d unit(s), %d embedding actor(s) (%s)", len(todo), actors, "GPU" if gpus else "CPU")
     return written.iter_rows()
 

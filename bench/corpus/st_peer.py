@@ -60,7 +60,7 @@ def embed_file(model, texts_path: Path, output: Path, rows_per_file: int, batch_
 
     texts = texts_path.read_text(encoding="utf-8").splitlines()
     output.mkdir(parents=True, exist_ok=True)
-    stem = texts_path.stem
+    stem = texts_path.name  # ids as python -m corpus makes them for a text file: name:line
     for start in range(0, len(texts), rows_per_file):
         part = texts[start : start + rows_per_file]
         vectors = model.encode(part, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
