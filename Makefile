@@ -17,10 +17,11 @@ QA_STAMP := $(QA_VENV)/.qa-$(shell cat requirements/qa-reference.txt | cksum | c
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
+.PHONY: serve embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
+	@echo "make embed-corpus INPUT=PATH OUTPUT=DIR  embed a corpus into Parquet shards (ARGS='--text-column body ...'; rerun to resume)"
 	@echo "make test       run the test suite (what CI runs)"
 	@echo "make test-slow  also run the slow tests (overload burst, long fuzz)"
 	@echo "make bench-report  the benchmark report: measures, redraws docs/bench-*.png and BENCHMARKS.md's tables (~20 min)"
@@ -78,6 +79,11 @@ browser:
 
 serve: $(SERVE_STAMP)
 	$(BIN)/python -m service $(ARGS)
+
+# python -m corpus embed (corpus/, docs/corpus.md): the same command resumes a stopped job.
+embed-corpus: $(SERVE_STAMP)
+	@test -n "$(INPUT)" -a -n "$(OUTPUT)" || { echo "usage: make embed-corpus INPUT=PATH OUTPUT=DIR [ARGS='...']"; exit 2; }
+	$(BIN)/python -m corpus embed "$(INPUT)" --output "$(OUTPUT)" $(ARGS)
 
 TEST_ENV = BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_DEPLOY_BIN=$(DEPLOY_VENV)/bin \
   BERT_QA_REFERENCE_PYTHON=$(QA_VENV)/bin/python

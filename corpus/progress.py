@@ -1,7 +1,9 @@
 """How far a job has come: a bar redrawn in place on a terminal, a plain line now and then in a log, and a summary.
 
-Rates are counted from this run's start over the rows this run embedded (a resumed job's earlier rows count in
-done/total, not in rows/s); the ETA is the rows left at that rate.
+Rates are counted from this run's start over what this run did (a resumed job's earlier rows count in done/total,
+not in rows/s); the ETA is the rows left at that rate. Rows count as the engine finishes their batches, not only
+when their shard is written, so that a job of one large shard still moves (with chunks, vectors are turned into
+rows at the ratio the shards written so far show).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Progress:
         self.on_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.total_rows, self.done_before = total_rows, done_rows
         self.planned = self.rows = self.chunks = self.rejects = self.tokens = self.shards = 0
+        self.computed_vectors = 0  # by the engine, written or not
         self.started = time.monotonic()
         self._every = redraw_every_s if self.on_terminal else log_every_s
         self._last_shown = self.started
@@ -54,6 +57,7 @@ class Progress:
         """A batch of `vectors` sequences and `tokens` tokens went through the engine."""
         with self._lock:
             self.tokens += tokens
+            self.computed_vectors += vectors
             self._maybe_show()
 
     def written(self, planned: int, rows: int, vectors: int, rejects: int) -> None:
@@ -75,8 +79,11 @@ class Progress:
 
     def _show(self, now: float) -> None:
         elapsed = max(now - self.started, 1e-9)
-        done = self.done_before + self.planned
-        rate = self.planned / elapsed
+        vectors_per_row = self.chunks / self.rows if self.rows else 1.0
+        unwritten = max(self.computed_vectors - self.chunks, 0) / vectors_per_row  # rows computed, shard not yet on disk
+        this_run = min(self.planned + unwritten, self.total_rows - self.done_before)
+        done = int(self.done_before + this_run)
+        rate = this_run / elapsed
         left = max(self.total_rows - done, 0)
         eta = _duration(left / rate) if rate > 0 else "?"
         numbers = (f"{done}/{self.total_rows} rows, {rate:.1f} rows/s, {self.tokens / elapsed:.0f} tokens/s, "

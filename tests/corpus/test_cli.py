@@ -109,3 +109,26 @@ def test_the_manifest_names_the_model_and_every_option(tmp_path, tiny_checkpoint
     assert written["shards"] == [{"name": "part-00000-000000000000", "rows": 7, "rejects": 0,
                                   "tokens": written["totals"]["tokens"]}]
     json.dumps(written)
+
+
+def test_the_readme_example_runs_as_written(tmp_path):
+    """README.md's "Embed a corpus" commands, from a folder holding the repository's tests/ (so the output lands in
+    the test's folder), with this interpreter for .venv/bin/python."""
+    import os
+    import re
+    import subprocess
+
+    from devkit.paths import REPO_ROOT
+
+    section = (REPO_ROOT / "README.md").read_text().split("## Embed a corpus", 1)[1].split("\n## ", 1)[0]
+    commands = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).strip().splitlines()
+    (tmp_path / "tests").symlink_to(REPO_ROOT / "tests")
+    outputs = []
+    for command in commands:
+        done = subprocess.run(command.replace(".venv/bin/python", sys.executable), shell=True, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert outputs[0].startswith("done: ") and outputs[-1].split()[0].isdigit()
+    assert "[384]" in outputs[-1]
