@@ -186,17 +186,30 @@ def _read_csv(unit: WorkUnit, text_column, id_column, storage_options) -> Iterat
                 yield Document(doc_id, text, file.uri, number)
 
 
-def _is_text_type(kind: pa.DataType) -> bool:
+def _is_text_type(kind: pa.DataType, binary: bool = False) -> bool:
+    """A string column; with `binary`, bytes too (datasets often store UTF-8 text as binary: each value is
+    decoded, and one that is not UTF-8 is a refused row)."""
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind) or (
+        binary and (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)))
+
+
+def _decoded(value):
+    """(text, None) or (None, why): a binary Parquet value as text."""
+    if not isinstance(value, bytes):
+        return value, None
+    try:
+        return value.decode("utf-8"), None
+    except UnicodeDecodeError as error:
+        return None, f"text is not valid UTF-8 (byte 0x{value[error.start]:02x} at byte {error.start + 1})"
 
 
 def _parquet_columns(file: InputFile, schema: pa.Schema, text_column, id_column) -> list[str]:
     """The columns to read, after checking that they exist and have usable types."""
     text = text_column or DEFAULT_TEXT_COLUMN
     _column_index(file, schema.names, text)
-    if not _is_text_type(schema.field(text).type):
+    if not _is_text_type(schema.field(text).type, binary=True):
         raise CorpusError(file.uri, f"column {text!r} is {schema.field(text).type}, not text", _COLUMN_HINT)
     if id_column is None:
         return [text]
@@ -225,12 +238,13 @@ def _read_parquet(unit: WorkUnit, text_column, id_column, storage_options) -> It
             for batch in batches:
                 low, high = max(unit.row_start - row, 0), min(unit.row_stop - row, batch.num_rows)
                 if high > low:
-                    texts = batch.column(0).slice(low, high - low).to_pylist()
-                    ids = batch.column(len(columns) - 1).slice(low, high - low).to_pylist() if id_column else None
-                    for offset, text in enumerate(texts):
+                    texts = batch.column(columns[0]).slice(low, high - low).to_pylist()
+                    ids = batch.column(columns[-1]).slice(low, high - low).to_pylist() if id_column else None
+                    for offset, value in enumerate(texts):
                         number = row + low + offset + 1
                         doc_id, problem = (generated_id(file, number), None) if ids is None else _id_of(ids[offset])
-                        problem = problem or _text_problem(text)
+                        text, undecodable = _decoded(value)
+                        problem = problem or undecodable or _text_problem(text)
                         yield Rejected(file.uri, number, doc_id, problem) if problem else \
                             Document(doc_id, text, file.uri, number)
                 row += batch.num_rows

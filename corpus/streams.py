@@ -18,6 +18,7 @@ from corpus.inputs import InputFile, fingerprint, open_filesystem
 BLOCK_BYTES = 1 << 22  # 4 MiB: large enough that per-block Python work vanishes, small enough to stream
 _BYTE_ORDER_MARKS = {b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 UTF8_BOM = b"\xef\xbb\xbf"
+OBJECT_STORE_BLOCK_BYTES = 1 << 23
 # Long documents are normal in a corpus; the csv module's default cap (128 KiB a field) is not.
 csv.field_size_limit(2**31 - 1)
 
@@ -58,7 +59,9 @@ def open_checked(file: InputFile, storage_options: dict | None = None):
             raise CorpusError(file.uri, f"the file changed since the job was planned ({file.fingerprint} then, "
                                         f"{fingerprint(info)} now)",
                               "restore it, or start again in a new output directory")
-        raw = fs.open(path, "rb")
+        # An object store's file reads ahead in ranged requests of block_size (s3fs's default is 50 MiB, far more
+        # than a work unit needs when it seeks into a large file).
+        raw = fs.open(path, "rb", block_size=OBJECT_STORE_BLOCK_BYTES)
     except FileNotFoundError:
         raise CorpusError(file.uri, "the file is gone (it was there when the job was planned)",
                           "restore it, or start again in a new output directory") from None

@@ -53,6 +53,7 @@ def check_chunks(text: str, chunks: list[Chunk], tokenizer: WordPieceTokenizer, 
         cut_word = (start < len(starts) and not starts[start]) or (stop < len(starts) and not starts[stop])
         if not cut_word:
             assert tokenizer.encode(span).ids == ids  # the chunk's text, encoded alone, is the chunk
+            assert tokenizer.encode_batch([span])[0].ids == ids  # also by the fast path the job's /embed takes
             if stop < len(starts):  # and it is as long as whole words allow: the next word would not fit
                 next_word = next(i for i in range(stop + 1, len(starts) + 1) if i == len(starts) or starts[i])
                 assert next_word - start > size

@@ -96,6 +96,13 @@ def test_nothing_usable_is_one_line_that_says_what_was_there(tmp_path):
         resolve_inputs(str(tmp_path), format="xml")
 
 
+def test_an_address_without_a_file_system_is_one_line():
+    with pytest.raises(CorpusError) as caught:
+        resolve_inputs("nosuchscheme://bucket/data.jsonl")
+    assert str(caught.value).startswith("nosuchscheme://bucket/data.jsonl: no file system for this address")
+    assert "s3://" in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_a_compressed_parquet_file_is_refused(tmp_path):
     touch(tmp_path / "t.parquet.gz")
     with pytest.raises(CorpusError, match="Parquet file cannot be compressed"):

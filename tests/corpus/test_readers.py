@@ -149,9 +149,13 @@ def test_parquet_rows_nulls_ids_and_row_groups(tmp_path):
         ("Rejected", 4, None, "id is null"), ("Rejected", 5, "14", "empty text"), ("Document", 6, "15", "f"),
         ("Document", 7, "15", "g"),
     ]
-    # large and dictionary-encoded strings are text too
+    # large and dictionary-encoded strings are text too, and so are bytes that are UTF-8
     pq.write_table(pa.table({"text": pa.array(["x", "y"], pa.large_string()).dictionary_encode()}), path)
     assert [item.text for item in read_all(path)] == ["x", "y"]
+    pq.write_table(pa.table({"n": [1, 2, 3], "text": pa.array(["é".encode(), b"caf\xe9", b""], pa.binary())}), path)
+    assert brief(read_all(path, id_column="n")) == [
+        ("Document", 1, "1", "é"), ("Rejected", 2, "2", "text is not valid UTF-8 (byte 0xe9 at byte 4)"),
+        ("Rejected", 3, "3", "empty text")]
 
 
 def test_parquet_schema_faults_name_the_columns(tmp_path):
@@ -194,6 +198,21 @@ def test_a_file_that_vanishes_or_changes_after_the_plan(tmp_path):
         list(read_unit(unit, None, None))
     assert str(caught.value) == (f"{path}: the file is gone (it was there when the job was planned) "
                                  "(restore it, or start again in a new output directory)")
+
+
+def test_a_file_it_may_not_read_is_one_line(tmp_path, monkeypatch):
+    path = jsonl(tmp_path / "locked.jsonl", [{"text": "one"}])
+    [unit] = make_plan(resolve_inputs(str(path)), 10)
+    import fsspec.implementations.local as local  # as root, chmod cannot lock a file: the file system refuses
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(local.LocalFileSystem, "_open", refuse)
+    with pytest.raises(CorpusError) as caught:
+        list(read_unit(unit, None, None))
+    assert str(caught.value) == (f"{path}: not allowed to read it: [Errno 13] Permission denied "
+                                 "(check its permissions or the credentials)")
 
 
 def test_a_truncated_compressed_file_is_a_file_fault(tmp_path):
