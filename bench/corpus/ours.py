@@ -37,6 +37,9 @@ def single_machine(settings: JobSettings) -> Timed:
     from corpus.plan import make_plan
     from corpus.progress import Progress
 
+    import torch
+
+    threads = torch.get_num_threads()  # the engine splits them between its runners: given back at the end
     started = time.perf_counter()
     embedder = Embedder(settings)
     loaded = time.perf_counter()
@@ -48,6 +51,7 @@ def single_machine(settings: JobSettings) -> Timed:
         summary = progress.finish()
     finally:
         embedder.close()
+        torch.set_num_threads(threads)
     return Timed(summary.rows, time.perf_counter() - loaded, loaded - started)
 
 
