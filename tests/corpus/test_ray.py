@@ -130,3 +130,19 @@ def test_a_bad_row_stops_the_job_on_ray_with_the_same_one_line_error(cluster, jo
     message = str(stopped.value)
     assert message.startswith(f"{source}:{ROWS + 1}: ") and "\n" not in message, message
     assert not (tmp_path / "out" / "shards" / f"part-00000-{ROWS:012d}.parquet").exists()
+
+
+def test_chunked_float16_output_on_ray_equals_one_machine(cluster, job, tmp_path):
+    from corpus import local_job, ray_job
+
+    if not cluster.exists():  # (run alone) no actor stands still here
+        cluster.write_text("0")
+    chunked = replace(job, chunk_tokens=12, chunk_overlap=3, output_precision="float16", rows_per_shard=40)
+    local_job.run(replace(chunked, output=str(tmp_path / "local")))
+    ray_job.run(replace(chunked, output=str(tmp_path / "ray"), ray=True))
+    found, expected = read_output(tmp_path / "ray"), read_output(tmp_path / "local")
+    assert shard_names(tmp_path / "ray") == shard_names(tmp_path / "local")
+    for column in ("id", "tokens", "chunk", "char_start", "char_end"):
+        assert found[column] == expected[column], column
+    assert len(found["id"]) > ROWS  # chunked: more rows than documents
+    np.testing.assert_allclose(found["embedding"], expected["embedding"], rtol=1e-3, atol=1e-3)
