@@ -138,6 +138,7 @@ def _results(settings: JobSettings, todo: list[WorkUnit]):
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # corpus.progress reports instead
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its per-dataset INFO lines would break into the progress
     gpus = int(ray.cluster_resources().get("GPU", 0))
     nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
     actors = gpus if gpus and settings.actors is None else (settings.actors or nodes)
