@@ -23,6 +23,7 @@ BLOCK_BYTES = 1 << 22  # 4 MiB: large enough that per-block Python work vanishes
 _BYTE_ORDER_MARKS = {b"\xff\xfe": "UTF-16", b"\xfe\xff": "UTF-16"}
 UTF8_BOM = b"\xef\xbb\xbf"
 OBJECT_STORE_BLOCK_BYTES = 1 << 23
+SNIFF_BYTES = 1 << 16  # what the plan looks at to tell a file that is not UTF-8 text at all
 # Long documents are normal in a corpus; the csv module's default cap (128 KiB a field) is not.
 csv.field_size_limit(2**31 - 1)
 
@@ -190,11 +191,16 @@ def open_input(file: InputFile, storage_options: dict | None = None, byte_offset
 
 
 def refuse_other_encodings(first_bytes: bytes, uri: str) -> None:
-    """A UTF-16 file is a whole-file fault, not a million bad lines: say so once."""
+    """A file that is not UTF-8 text as a whole (UTF-16, binary, compressed under a plain name) is one fault of
+    the file, not a million bad lines: say so once, from its first bytes. UTF-8 text never holds a NUL byte."""
     encoding = _BYTE_ORDER_MARKS.get(first_bytes[:2])
     if encoding:
         raise CorpusError(uri, f"the file is {encoding}, not UTF-8",
                           f"convert it, e.g. iconv -f {encoding} -t UTF-8 IN > OUT")
+    if b"\x00" in first_bytes:
+        raise CorpusError(uri, "the file holds NUL bytes: it is not UTF-8 text (binary, compressed under a plain "
+                               "name, or UTF-16/32 without a byte-order mark)",
+                          "convert it to UTF-8 (iconv), or name it with its real suffix or --format")
 
 
 def iter_lines(read: Read) -> Iterator[bytes]:
