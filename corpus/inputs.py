@@ -140,7 +140,8 @@ def resolve_inputs(spec: str, format: str | None = None, storage_options: dict |
             continue
         if chosen == "parquet" and compression is not None:
             raise CorpusError(fs.unstrip_protocol(file_path) if "://" in spec else file_path,
-                              "a Parquet file cannot be compressed as a whole", "decompress it; Parquet compresses inside")
+                              "a Parquet file cannot be compressed as a whole",
+                              "decompress it; Parquet compresses inside")
         uri = fs.unstrip_protocol(file_path) if "://" in spec else os.path.abspath(file_path)
         files.append(InputFile(uri=uri, format=chosen, size=int(info.get("size") or 0),
                                fingerprint=fingerprint(info), name=relative, compression=compression))

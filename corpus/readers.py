@@ -70,12 +70,10 @@ def _utf8_problem(raw: bytes) -> str | None:
 
 def _unit_lines(unit: WorkUnit, storage_options: dict | None) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line without its line ending) for every line of a line-format unit."""
-    with open_input(unit.file, storage_options, unit.byte_offset or 0) as stream:
-        number = unit.row_start
-        for raw in iter_lines(stream.read):
-            if number >= unit.row_stop:
-                return
-            number += 1
+    with open_input(unit.file, storage_options, unit.byte_offset or 0, resume=True) as stream:
+        # zip takes from the range first: the stream is not read past the unit's last line, so a compressed
+        # stream left open for the next unit is still at or before that unit's first byte
+        for number, raw in zip(range(unit.row_start + 1, unit.row_stop + 1), iter_lines(stream.read)):
             line = raw[:-1] if raw.endswith(b"\n") else raw
             if line.endswith(b"\r"):
                 line = line[:-1]
@@ -138,7 +136,8 @@ def csv_header(file: InputFile, storage_options: dict | None = None) -> list[str
     with open_input(file, storage_options) as stream:
         for line, _offset, fields in CsvRecords(stream.read):
             if isinstance(fields, csv.Error):
-                raise CorpusError(file.uri, f"the header is not valid CSV: {fields}", "fix the first line", row=line + 1)
+                raise CorpusError(file.uri, f"the header is not valid CSV: {fields}", "fix the first line",
+                                  row=line + 1)
             if fields[0].startswith("\ufeff"):
                 fields[0] = fields[0][1:]
             return fields
@@ -159,18 +158,18 @@ def _read_csv(unit: WorkUnit, text_column, id_column, storage_options) -> Iterat
     header = csv_header(file, storage_options)
     text_at = _column_index(file, header, text_column or DEFAULT_TEXT_COLUMN)
     id_at = None if id_column is None else _column_index(file, header, id_column)
-    with open_input(file, storage_options, unit.byte_offset or 0) as stream:
-        for line, _offset, fields in CsvRecords(stream.read, unit.row_start, unit.byte_offset or 0):
-            if line >= unit.row_stop:
-                return
+    with open_input(file, storage_options, unit.byte_offset or 0, resume=True) as stream:
+        records = CsvRecords(stream.read, unit.row_start, unit.byte_offset or 0)
+        for line, _offset, fields in records.until(unit.row_stop):
             number = line + 1
             generated = None if id_column else generated_id(file, number)
             if isinstance(fields, csv.Error):
                 yield Rejected(file.uri, number, generated, f"not a valid CSV record: {fields}")
                 continue
             if len(fields) != len(header):
+                plural = "" if len(fields) == 1 else "s"
                 yield Rejected(file.uri, number, generated,
-                               f"the record has {len(fields)} field{'' if len(fields) == 1 else 's'} where the header has {len(header)}")
+                               f"the record has {len(fields)} field{plural} where the header has {len(header)}")
                 continue
             doc_id, problem = (generated, None) if id_at is None else _id_of(fields[id_at])
             text = fields[text_at]
@@ -184,17 +183,30 @@ def _read_csv(unit: WorkUnit, text_column, id_column, storage_options) -> Iterat
                 yield Document(doc_id, text, file.uri, number)
 
 
-def _is_text_type(kind: pa.DataType) -> bool:
+def _is_text_type(kind: pa.DataType, binary: bool = False) -> bool:
+    """A string column; with `binary`, bytes too (datasets often store UTF-8 text as binary: each value is
+    decoded, and one that is not UTF-8 is a refused row)."""
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind) or (
+        binary and (pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind)))
+
+
+def _decoded(value):
+    """(text, None) or (None, why): a binary Parquet value as text."""
+    if not isinstance(value, bytes):
+        return value, None
+    try:
+        return value.decode("utf-8"), None
+    except UnicodeDecodeError as error:
+        return None, f"text is not valid UTF-8 (byte 0x{value[error.start]:02x} at byte {error.start + 1})"
 
 
 def _parquet_columns(file: InputFile, schema: pa.Schema, text_column, id_column) -> list[str]:
     """The columns to read, after checking that they exist and have usable types."""
     text = text_column or DEFAULT_TEXT_COLUMN
     _column_index(file, schema.names, text)
-    if not _is_text_type(schema.field(text).type):
+    if not _is_text_type(schema.field(text).type, binary=True):
         raise CorpusError(file.uri, f"column {text!r} is {schema.field(text).type}, not text", _COLUMN_HINT)
     if id_column is None:
         return [text]
@@ -223,12 +235,13 @@ def _read_parquet(unit: WorkUnit, text_column, id_column, storage_options) -> It
             for batch in batches:
                 low, high = max(unit.row_start - row, 0), min(unit.row_stop - row, batch.num_rows)
                 if high > low:
-                    texts = batch.column(0).slice(low, high - low).to_pylist()
-                    ids = batch.column(len(columns) - 1).slice(low, high - low).to_pylist() if id_column else None
-                    for offset, text in enumerate(texts):
+                    texts = batch.column(columns[0]).slice(low, high - low).to_pylist()
+                    ids = batch.column(columns[-1]).slice(low, high - low).to_pylist() if id_column else None
+                    for offset, value in enumerate(texts):
                         number = row + low + offset + 1
                         doc_id, problem = (generated_id(file, number), None) if ids is None else _id_of(ids[offset])
-                        problem = problem or _text_problem(text)
+                        text, undecodable = _decoded(value)
+                        problem = problem or undecodable or _text_problem(text)
                         yield Rejected(file.uri, number, doc_id, problem) if problem else \
                             Document(doc_id, text, file.uri, number)
                 row += batch.num_rows
