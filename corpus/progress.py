@@ -80,7 +80,8 @@ class Progress:
     def _show(self, now: float) -> None:
         elapsed = max(now - self.started, 1e-9)
         vectors_per_row = self.chunks / self.rows if self.rows else 1.0
-        unwritten = max(self.computed_vectors - self.chunks, 0) / vectors_per_row  # rows computed, shard not yet on disk
+        # rows the engine has computed whose shard is not on disk yet
+        unwritten = max(self.computed_vectors - self.chunks, 0) / vectors_per_row
         this_run = min(self.planned + unwritten, self.total_rows - self.done_before)
         done = int(self.done_before + this_run)
         rate = this_run / elapsed
