@@ -48,6 +48,7 @@ def run(settings: JobSettings, stream=None) -> Summary:
         return nothing_to_do(settings, job, stream, started)
     if job.todo:
         embedder = Embedder(settings, job.source)
+        job.progress.start()
         try:
             Pipeline(settings, embedder, job.progress).run(job.todo)
         finally:
