@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -178,9 +178,9 @@ class Embedder:
             for indices in batches:
                 store(indices, engine.run(engine.collate([items[i] for i in indices])))
             return
-        in_flight = None
-        for indices in _with_collated(engine, items, batches):
-            launched = (indices[0], engine.launch(indices[1]))
+        in_flight = None  # (indices, launched batch)
+        for indices in batches:
+            launched = (indices, engine.launch(engine.collate([items[i] for i in indices])))
             if in_flight is not None:
                 store(in_flight[0], engine.finish(in_flight[1]))
             in_flight = launched
@@ -190,11 +190,6 @@ class Embedder:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
-
-
-def _with_collated(engine, items, batches: list[list[int]]) -> Iterator[tuple[list[int], object]]:
-    for indices in batches:
-        yield indices, engine.collate([items[i] for i in indices])
 
 
 def weights_hash(directory: Path) -> str:

@@ -43,6 +43,32 @@ def run(settings: JobSettings, stream=None) -> Summary:
     """Embed the corpus `settings` names into `settings.output`, resuming what an earlier run left. Raises
     CorpusError (one line naming the file, and row where there is one) when it cannot go on."""
     started = time.monotonic()
+    job = open_job(settings, stream)
+    if job.manifest.get("complete"):
+        return nothing_to_do(settings, job, stream, started)
+    if job.todo:
+        embedder = Embedder(settings, job.source)
+        job.progress.start()
+        try:
+            Pipeline(settings, embedder, job.progress).run(job.todo)
+        finally:
+            embedder.close()
+    finish_job(settings, job)
+    return job.progress.finish()
+
+
+@dataclass
+class OpenedJob:
+    manifest: dict
+    plan: list  # every WorkUnit of the job
+    todo: list  # those whose shard is not written yet
+    progress: Progress
+    source: object  # the checkpoint, resolved (model.hub.ResolvedCheckpoint)
+
+
+def open_job(settings: JobSettings, stream=None) -> OpenedJob:
+    """The job's manifest (written by its first run, checked against this one by every later run), plan and units
+    left, with what a stopped run left half-written removed. Shared by the Ray job, so either resumes the other."""
     files = resolve_inputs(settings.input, settings.format)
     check_columns(files, settings.text_column, settings.id_column)  # a missing column stops the job before it starts
     inputs = [{"uri": f.uri, "format": f.format, "size": f.size, "fingerprint": f.fingerprint} for f in files]
@@ -67,25 +93,25 @@ def run(settings: JobSettings, stream=None) -> Summary:
         shards.check_manifest(output, manifest, identity, model, inputs)
         plan = plan_from_json(manifest["plan"])
     pause_point("plan")
-    total = manifest["total_rows"]
-    if manifest.get("complete"):
-        print(f"nothing to do: {output} holds this job complete ({total} rows in {len(plan)} shards)",
-              file=stream or sys.stderr)
-        return Summary(0, 0, 0, 0, time.monotonic() - started, 0, total)
     done = shards.done_units(output)
     todo = [unit for unit in plan if unit.name not in done]
     done_rows = sum(unit.row_stop - unit.row_start for unit in plan if unit.name in done)
-    if done:
+    if done and todo:
         log.info("resuming: %d of %d shards done already, %d left", len(plan) - len(todo), len(plan), len(todo))
-    progress = Progress(total, done_rows, stream)
-    if todo:
-        embedder = Embedder(settings, source)
-        try:
-            Pipeline(settings, embedder, progress).run(todo)
-        finally:
-            embedder.close()
-    shards.write_manifest(output, shards.completed(output, manifest, [unit.name for unit in plan]))
-    return progress.finish()
+    return OpenedJob(manifest, plan, todo, Progress(manifest["total_rows"], done_rows, stream), source)
+
+
+def nothing_to_do(settings: JobSettings, job: OpenedJob, stream, started: float) -> Summary:
+    total = job.manifest["total_rows"]
+    print(f"nothing to do: {settings.output} holds this job complete ({total} rows in {len(job.plan)} shards)",
+          file=stream or sys.stderr)
+    return Summary(0, 0, 0, 0, time.monotonic() - started, 0, total)
+
+
+def finish_job(settings: JobSettings, job: OpenedJob) -> None:
+    """Every shard on disk: the manifest gains each shard's counts, the totals and `complete: true`."""
+    shards.write_manifest(settings.output, shards.completed(settings.output, job.manifest,
+                                                           [unit.name for unit in job.plan]))
 
 
 @dataclass

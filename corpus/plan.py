@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from corpus.errors import CorpusError
 from corpus.inputs import InputFile
-from corpus.streams import CsvRecords, count_lines, open_checked, open_input, refuse_other_encodings
+from corpus.streams import SNIFF_BYTES, CsvRecords, count_lines, open_checked, open_input, refuse_other_encodings
 
 # Files are counted in parallel: an object store's latency, not the CPU, bounds a plan over many files.
 PLAN_THREADS = 8
@@ -47,7 +47,7 @@ class WorkUnit:
 
 def _line_units(index: int, file: InputFile, rows_per_shard: int, storage_options: dict | None) -> list[WorkUnit]:
     with open_input(file, storage_options) as stream:
-        first = stream.read(4)
+        first = stream.read(SNIFF_BYTES)
         refuse_other_encodings(first, file.uri)
         replay = [first]  # the bytes already read go first, then the rest of the stream
 
@@ -62,7 +62,7 @@ def _line_units(index: int, file: InputFile, rows_per_shard: int, storage_option
 def _csv_units(index: int, file: InputFile, rows_per_shard: int, storage_options: dict | None) -> list[WorkUnit]:
     starts: list[tuple[int, int]] = []  # (line, byte offset) of every rows_per_shard-th record after the header
     with open_input(file, storage_options) as stream:
-        first = stream.read(4)
+        first = stream.read(SNIFF_BYTES)
         refuse_other_encodings(first, file.uri)
         replay = [first]
 

@@ -26,6 +26,7 @@ class Summary:
     seconds: float
     shards: int  # shards written by this run
     already_done: int  # input rows done by earlier runs
+    start_seconds: float = 0.0  # before the first row: loading the model (not in `seconds`, nor in the rates)
 
     @property
     def rows_per_s(self) -> float:
@@ -35,6 +36,7 @@ class Summary:
         text = (f"done: {self.rows} rows -> {self.chunks} vectors in {self.shards} shards, {self.rejects} rejected, "
                 f"{self.tokens} tokens in {self.seconds:.1f} s ({self.rows_per_s:.1f} rows/s, "
                 f"{self.tokens / self.seconds if self.seconds > 0 else 0:.0f} tokens/s)")
+        text += f", after {self.start_seconds:.1f} s loading the model" if self.start_seconds else ""
         return text + (f"; {self.already_done} rows were done by an earlier run" if self.already_done else "")
 
 
@@ -52,6 +54,14 @@ class Progress:
         self._every = redraw_every_s if self.on_terminal else log_every_s
         self._last_shown = self.started
         self._lock = threading.Lock()
+        self.start_seconds = 0.0
+
+    def start(self) -> None:
+        """The model is loaded and rows begin: the clock of the rates starts again here."""
+        now = time.monotonic()
+        with self._lock:
+            self.start_seconds = now - self.started
+            self.started = self._last_shown = now
 
     def computed(self, vectors: int, tokens: int) -> None:
         """A batch of `vectors` sequences and `tokens` tokens went through the engine."""
@@ -80,7 +90,8 @@ class Progress:
     def _show(self, now: float) -> None:
         elapsed = max(now - self.started, 1e-9)
         vectors_per_row = self.chunks / self.rows if self.rows else 1.0
-        unwritten = max(self.computed_vectors - self.chunks, 0) / vectors_per_row  # rows computed, shard not yet on disk
+        # rows the engine has computed whose shard is not on disk yet
+        unwritten = max(self.computed_vectors - self.chunks, 0) / vectors_per_row
         this_run = min(self.planned + unwritten, self.total_rows - self.done_before)
         done = int(self.done_before + this_run)
         rate = this_run / elapsed
@@ -103,7 +114,7 @@ class Progress:
                 self.stream.write("\n")
                 self.stream.flush()
             return Summary(self.rows, self.chunks, self.rejects, self.tokens, time.monotonic() - self.started,
-                           self.shards, self.done_before)
+                           self.shards, self.done_before, self.start_seconds)
 
 
 def _duration(seconds: float) -> str:

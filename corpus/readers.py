@@ -70,12 +70,10 @@ def _utf8_problem(raw: bytes) -> str | None:
 
 def _unit_lines(unit: WorkUnit, storage_options: dict | None) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line without its line ending) for every line of a line-format unit."""
-    with open_input(unit.file, storage_options, unit.byte_offset or 0) as stream:
-        number = unit.row_start
-        for raw in iter_lines(stream.read):
-            if number >= unit.row_stop:
-                return
-            number += 1
+    with open_input(unit.file, storage_options, unit.byte_offset or 0, resume=True) as stream:
+        # zip takes from the range first: the stream is not read past the unit's last line, so a compressed
+        # stream left open for the next unit is still at or before that unit's first byte
+        for number, raw in zip(range(unit.row_start + 1, unit.row_stop + 1), iter_lines(stream.read)):
             line = raw[:-1] if raw.endswith(b"\n") else raw
             if line.endswith(b"\r"):
                 line = line[:-1]
@@ -160,10 +158,9 @@ def _read_csv(unit: WorkUnit, text_column, id_column, storage_options) -> Iterat
     header = csv_header(file, storage_options)
     text_at = _column_index(file, header, text_column or DEFAULT_TEXT_COLUMN)
     id_at = None if id_column is None else _column_index(file, header, id_column)
-    with open_input(file, storage_options, unit.byte_offset or 0) as stream:
-        for line, _offset, fields in CsvRecords(stream.read, unit.row_start, unit.byte_offset or 0):
-            if line >= unit.row_stop:
-                return
+    with open_input(file, storage_options, unit.byte_offset or 0, resume=True) as stream:
+        records = CsvRecords(stream.read, unit.row_start, unit.byte_offset or 0)
+        for line, _offset, fields in records.until(unit.row_stop):
             number = line + 1
             generated = None if id_column else generated_id(file, number)
             if isinstance(fields, csv.Error):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -85,11 +86,15 @@ class Terminal(io.StringIO):
 def test_progress_on_a_terminal_is_a_bar_redrawn_in_place():
     screen = Terminal()
     progress = Progress(total_rows=100, done_rows=20, stream=screen, redraw_every_s=0)
+    time.sleep(0.05)  # loading the model: apart from the rates
+    progress.start()
     progress.computed(30, 900)
     progress.written(30, 29, 30, 1)
     summary = progress.finish()
     assert screen.getvalue().count("\r[") >= 2 and "50%" in screen.getvalue() and screen.getvalue().endswith("\n")
     assert (summary.rows, summary.chunks, summary.rejects, summary.tokens, summary.already_done) == (29, 30, 1, 900, 20)
+    assert summary.start_seconds >= 0.05 > summary.seconds
+    assert "s loading the model" in summary.line()
 
 
 def test_ray_without_ray_installed_says_how_to_install_it(tmp_path, monkeypatch, capsys):

@@ -146,6 +146,16 @@ def test_a_utf16_file_is_refused_once_with_what_to_do(tmp_path):
                                  "(convert it, e.g. iconv -f UTF-16 -t UTF-8 IN > OUT)")
 
 
+@pytest.mark.parametrize("content", ["one\ntwo\n".encode("utf-16-le"), gzip.compress(b"one\ntwo\n"),
+                                     b"\x00\x01binary"])
+def test_a_file_that_is_not_utf8_text_at_all_is_refused_once(tmp_path, content):
+    for name in ("t.txt", "t.jsonl", "t.csv"):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(CorpusError) as caught:
+            make_plan(resolve_inputs(str(tmp_path / name)), 10)
+        assert str(caught.value).startswith(f"{tmp_path / name}: the file holds NUL bytes: it is not UTF-8 text")
+
+
 def test_a_file_that_is_not_parquet_is_refused_by_name(tmp_path):
     (tmp_path / "t.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(CorpusError, match=r"t\.parquet: not a readable Parquet file"):

@@ -236,3 +236,46 @@ def test_rejects_become_one_line_errors(tmp_path):
         error.rejected()
     import pickle  # the job's worker processes and Ray pass errors between processes this way
     assert str(pickle.loads(pickle.dumps(error))) == str(error)
+
+
+def test_a_compressed_file_is_decompressed_once_for_its_units_in_order(tmp_path, monkeypatch):
+    from corpus import streams
+
+    texts = [f"document {i} " + "word " * (i % 17) + "long" * (i % 7 * 100) for i in range(3000)]
+    data = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(data))
+    (tmp_path / "b.csv.gz").write_bytes(gzip.compress(("text\n" + "\n".join(texts) + "\n").encode()))
+    monkeypatch.setattr(streams, "BLOCK_BYTES", 4096)  # many blocks a unit
+    decompressed, opened = [], []
+    original = streams._decompressed
+
+    def counting(raw, compression):
+        stream = original(raw, compression)
+        opened.append(compression)
+
+        class Counted:
+            def read(self, size):
+                block = stream.read(size)
+                decompressed.append(len(block))
+                return block
+
+            def close(self):
+                stream.close()
+
+        return Counted()
+
+    monkeypatch.setattr(streams, "_decompressed", counting)
+    files = resolve_inputs(str(tmp_path))
+    units = make_plan(files, 100)
+    decompressed.clear()
+    opened.clear()
+    in_order = [item for unit in units for item in read_unit(unit, None, None)]
+    assert [d.text for d in in_order] == texts + texts
+    csv_units = sum(1 for unit in units if unit.file.format == "csv")
+    assert len(opened) == 2 + csv_units  # each file's stream once, and the CSV header once a unit
+    # one pass over each file (the CSV header is read again for each unit: a block each), not one per unit
+    assert sum(decompressed) <= 2 * len(data) + 4096 * len(units)
+    # any order still reads right: a stream already past a unit's start is opened again
+    shuffled = units[::-1] + units[::2]
+    again = {unit.name: list(read_unit(unit, None, None)) for unit in shuffled}
+    assert [item for unit in units for item in again[unit.name]] == in_order
