@@ -25,7 +25,6 @@ import functools
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -33,13 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from corpus import shards
-from corpus.embedder import Embedder, checkpoint_identity, job_identity, resolve_source
+from corpus.embedder import Embedder
 from corpus.errors import CorpusError, Rejected
-from corpus.inputs import resolve_inputs
-from corpus.local_job import MANIFEST_VERSION
-from corpus.plan import WorkUnit, make_plan, plan_from_json, plan_to_json
-from corpus.progress import Progress, Summary
-from corpus.readers import check_columns, read_unit
+from corpus.local_job import finish_job, nothing_to_do, open_job
+from corpus.plan import WorkUnit
+from corpus.progress import Summary
+from corpus.readers import read_unit
 from corpus.settings import JobSettings
 from corpus.tokens import Tokenized, tokenize_unit
 
@@ -54,30 +52,29 @@ def run(settings: JobSettings, stream=None) -> Summary:
     import ray
 
     started = time.monotonic()
-    manifest, plan, todo, progress = _open_job(settings, stream)
-    if manifest.get("complete"):
-        print(f"nothing to do: {settings.output} holds this job complete ({manifest['total_rows']} rows in "
-              f"{len(plan)} shards)", file=stream or sys.stderr)
-        return Summary(0, 0, 0, 0, time.monotonic() - started, 0, manifest["total_rows"])
-    if todo:
+    job = open_job(settings, stream)  # the same manifest, plan and units left as on one machine
+    if job.manifest.get("complete"):
+        return nothing_to_do(settings, job, stream, started)
+    if job.todo:
         started_ray = not ray.is_initialized()
         if started_ray:
             ray.init(address=settings.ray_address, log_to_driver=False, include_dashboard=False,
                      runtime_env=runtime_env())
+        job.progress.start()  # the rates' clock: from here the actors' start-up counts in them
         try:
-            for result in _results(settings, todo):
+            for result in _results(settings, job.todo):
                 if result["stopped_by"]:
                     raise Rejected(**json.loads(result["stopped_by"])).as_error()
-                progress.computed(int(result["vectors"]), int(result["tokens"]))
-                progress.written(int(result["planned"]), int(result["documents"]), int(result["vectors"]),
-                                 int(result["rejects"]))
+                job.progress.computed(int(result["vectors"]), int(result["tokens"]))
+                job.progress.written(int(result["planned"]), int(result["documents"]), int(result["vectors"]),
+                                     int(result["rejects"]))
         except Exception as exc:
             raise _as_corpus_error(exc) from None
         finally:
             if started_ray:
                 ray.shutdown()
-    shards.write_manifest(settings.output, shards.completed(settings.output, manifest, [u.name for u in plan]))
-    return progress.finish()
+    finish_job(settings, job)
+    return job.progress.finish()
 
 
 def _as_corpus_error(exc: BaseException) -> BaseException:
@@ -97,38 +94,6 @@ def runtime_env() -> dict:
     here = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     return {"env_vars": {"PYTHONPATH": path}}
-
-
-def _open_job(settings: JobSettings, stream) -> tuple[dict, list[WorkUnit], list[WorkUnit], Progress]:
-    """The manifest (written by the first run, checked by the next), the plan, the units left and the progress:
-    as corpus.local_job.run opens a job, so that either job resumes the other's output."""
-    files = resolve_inputs(settings.input, settings.format)
-    check_columns(files, settings.text_column, settings.id_column)
-    inputs = [{"uri": f.uri, "format": f.format, "size": f.size, "fingerprint": f.fingerprint} for f in files]
-    source = resolve_source(settings)
-    identity, model = job_identity(settings, source), checkpoint_identity(source)
-    output = Path(settings.output)
-    if output.exists() and not output.is_dir():
-        raise CorpusError(str(output), "--output is a file", "name a directory (it is created when missing)")
-    shards.prepare_output(output)
-    manifest = shards.read_manifest(output)
-    if manifest is None:
-        if shards.done_units(output):
-            raise CorpusError(str(output), "holds shards but no manifest.json", "choose an empty --output")
-        plan = make_plan(files, settings.rows_per_shard)
-        manifest = {"version": MANIFEST_VERSION, "identity": identity, "model": model, "inputs": inputs,
-                    "plan": plan_to_json(plan), "total_rows": sum(u.row_stop - u.row_start for u in plan),
-                    "complete": False}
-        shards.write_manifest(output, manifest)
-    else:
-        shards.check_manifest(output, manifest, identity, model, inputs)
-        plan = plan_from_json(manifest["plan"])
-    done = shards.done_units(output)
-    todo = [unit for unit in plan if unit.name not in done]
-    done_rows = sum(unit.row_stop - unit.row_start for unit in plan if unit.name in done)
-    if done and todo:
-        log.info("resuming: %d of %d shards done already, %d left", len(plan) - len(todo), len(plan), len(todo))
-    return manifest, plan, todo, Progress(manifest["total_rows"], done_rows, stream)
 
 
 def _results(settings: JobSettings, todo: list[WorkUnit]):
