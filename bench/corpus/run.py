@@ -4,7 +4,7 @@ corpus through our own HTTP `/embed` by a client loop, and the job on a local tw
 reads the same text file (WikiText-2's test split and a slice of the shared Wikipedia text, one sentence a line) and
 writes Parquet; the table it prints is ready for BENCHMARKS.md.
 
-    python -m bench.corpus                                  # the full run, about 12 minutes on 2 cores
+    python -m bench.corpus                                  # the full run: sized for ~12 minutes on 2 quiet cores
     python -m bench.corpus --wikipedia-sentences 100000     # a bigger slice
     python -m bench.corpus --quick                          # a smoke run of every row in a few minutes
 
