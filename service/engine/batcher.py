@@ -119,8 +119,7 @@ class Batcher:
             sooner = ticket.deadline < self._earliest_deadline
             self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
-            # An idle runner packs the request itself (one thread hop, not two: the module's docstring). Otherwise,
-            # with a batch prepared the packer waits for a runner (which wakes it) or the earliest deadline.
+            # An idle runner packs it itself (module docstring); with a batch prepared the packer waits for a runner.
             if self._runner_may_pack():
                 self._batch_ready.notify()
             elif self._prepared is None or sooner:
@@ -249,8 +248,7 @@ class Batcher:
             on_device = launched
 
     def _runner_may_pack(self) -> bool:
-        """Under the lock: whether an idle runner should pick the next batch itself rather than wait for the packer
-        (nothing prepared, nothing being collated, no waiting for company)."""
+        """Under the lock: whether an idle runner picks the next batch itself (none prepared or being collated)."""
         return bool(self._idle_runners and self._queue and self._prepared is None and not self._collating
                     and self.policy.max_wait_s == 0)
 
@@ -268,7 +266,10 @@ class Batcher:
                             self._drop_dead_entries()
                             if self._queue:
                                 self._running += 1
-                                return self._take(choose_batch(self._queue, self.policy, pricing(self.engine))), None
+                                chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine)))
+                                if self._queue:  # what did not fit: the packer prepares it for the other runner
+                                    self._cond.notify()
+                                return chosen, None
                             continue
                         self._batch_ready.wait()
                 finally:

@@ -23,12 +23,14 @@ class HostEngine:
         self.batches: list[list[int]] = []
         self.gate: threading.Event | None = None
         self.running = threading.Event()
+        self.entered = 0  # runs started
 
     def collate(self, items):
         self.collated_on.append(threading.current_thread().name)
         return FakeBatch(items)
 
     def run(self, batch: FakeBatch) -> list[int]:
+        self.entered += 1
         self.running.set()
         if self.gate is not None:
             assert self.gate.wait(10)
@@ -45,8 +47,8 @@ class HostEngine:
         return False
 
 
-def started(engine: HostEngine, runners: int = 1, max_wait_s: float = 0.0) -> Batcher:
-    batcher = Batcher(engine, BatchPolicy(max_batch_tokens=10_000, max_batch_size=64, max_wait_s=max_wait_s,
+def started(engine: HostEngine, runners: int = 1, max_wait_s: float = 0.0, max_batch_size: int = 64) -> Batcher:
+    batcher = Batcher(engine, BatchPolicy(max_batch_tokens=10_000, max_batch_size=max_batch_size, max_wait_s=max_wait_s,
                                           runners=runners), Metrics())
     batcher.start()
     deadline = time.monotonic() + 5
@@ -138,6 +140,24 @@ def test_while_the_idle_runner_computes_the_queue_builds_batches_oldest_first():
         assert sorted(x for batch in engine.batches[1:] for x in batch) == [1, 2, 3, 4, 5]
         assert len(engine.batches) == 2, engine.batches
     finally:
+        batcher.stop()
+
+
+def test_what_an_idle_runner_leaves_over_the_cap_goes_to_the_other_runner_at_once():
+    engine, sink = HostEngine(), Collected()
+    engine.gate = threading.Event()
+    batcher = started(engine, runners=2, max_batch_size=2)
+    try:
+        ticket = ask(batcher, sink, [[n] for n in range(4)])  # two batches' worth, to an idle batcher
+        deadline = time.monotonic() + 5
+        while engine.entered < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert engine.entered == 2  # both runners compute while the first batch is still held
+        engine.gate.set()
+        answered(sink, 1)
+        assert ticket.results == [0, 1, 2, 3]
+    finally:
+        engine.gate.set()
         batcher.stop()
 
 
