@@ -143,6 +143,22 @@ def test_while_the_idle_runner_computes_the_queue_builds_batches_oldest_first():
         batcher.stop()
 
 
+def test_while_a_batch_computes_a_new_request_goes_through_the_packer():
+    engine, sink = HostEngine(), Collected()
+    engine.gate = threading.Event()
+    batcher = started(engine, runners=2)
+    try:
+        ask(batcher, sink, [[1]])
+        assert engine.running.wait(5)
+        ask(batcher, sink, [[2]])  # one runner is busy: under load the packer picks, so batches gather company
+        engine.gate.set()
+        answered(sink, 2)
+        assert engine.collated_on[0].startswith("bert-runner-") and engine.collated_on[1] == "bert-packer"
+    finally:
+        engine.gate.set()
+        batcher.stop()
+
+
 def test_what_an_idle_runner_leaves_over_the_cap_goes_to_the_other_runner_at_once():
     engine, sink = HostEngine(), Collected()
     engine.gate = threading.Event()
