@@ -183,7 +183,8 @@ def in_process(checkpoint: Path, work: Path, seconds: float, dtypes: list[str]) 
     encoded = loaded.tokenizer.encode_batch(sentences(200, None, loaded.tokenizer), truncate=True)
     items = [EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded]
     cpu = torch.device("cpu")
-    engines = {f"ours {d}": build_engine(loaded, cpu, choose(d, cpu)) for d in dtypes}
+    # A checkpoint per engine: int8 quantizes the model it is given in place (model.quantize)
+    engines = {f"ours {d}": build_engine(load_checkpoint(checkpoint), cpu, choose(d, cpu)) for d in dtypes}
     onnx_path = quantize_onnx(export_onnx(checkpoint, work / "export"), per_channel=False)
     cores = torch.get_num_threads()
 
@@ -291,6 +292,7 @@ def main(argv=None) -> int:
     parser.add_argument("--infinity", default=shutil.which("infinity_emb"),
                         help="the infinity_emb command (make bench-report installs it in .venv-peers)")
     parser.add_argument("--json", type=Path, default=None, help="also write every cell here")
+    parser.add_argument("--in-process-only", action="store_true", help="only the in-process comparison (no servers)")
     args = parser.parse_args(argv)
     args.loads = [parse_load(load) for load in args.load]
     if "int8" not in args.dtypes:
@@ -302,16 +304,18 @@ def main(argv=None) -> int:
     in_proc = {}
     for model in args.models:
         label, checkpoint = named.get(model, (model, Path(model)))
-        cells += run_model(label, checkpoint, args, work / label.replace(" ", "-"))
+        if not args.in_process_only:
+            cells += run_model(label, checkpoint, args, work / label.replace(" ", "-"))
         in_proc[label] = in_process(checkpoint, work / label.replace(" ", "-"), args.in_process_seconds, args.dtypes)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"Measured {date} on {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
           f"{torch.__version__}, in {(time.perf_counter() - started) / 60:.1f} min:\n"
           f"`python -m bench.serving.one_query {shlex.join(argv if argv is not None else sys.argv[1:])}`\n"
           f"({args.duration:g} s per cell and repeat, {args.repeats} repeat(s); ratio = ours int8 / Infinity)\n")
-    for model in dict.fromkeys(c.model for c in cells):
-        print("\n".join(ratio_table(cells, model, args.dtypes, args.loads, args.clients)))
-        print("\nTargets (load generator): \n" + "\n".join(verdicts(cells, model)) + "\n")
+    for model in in_proc:
+        if any(c.model == model for c in cells):
+            print("\n".join(ratio_table(cells, model, args.dtypes, args.loads, args.clients)))
+            print("\nTargets (load generator): \n" + "\n".join(verdicts(cells, model)) + "\n")
         print(f"In-process, ms per sentence ({model}):\n")
         rows = in_proc[model]
         names = list(next(iter(rows.values())))
