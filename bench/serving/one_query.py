@@ -300,30 +300,30 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-one-query-"))
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_dir()), "bundled": ("bundled model", Path(DEFAULT_CHECKPOINT))}
-    cells: list[Cell] = []
-    in_proc = {}
-    for model in args.models:
-        label, checkpoint = named.get(model, (model, Path(model)))
-        if not args.in_process_only:
-            cells += run_model(label, checkpoint, args, work / label.replace(" ", "-"))
-        in_proc[label] = in_process(checkpoint, work / label.replace(" ", "-"), args.in_process_seconds, args.dtypes)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"Measured {date} on {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}, in {(time.perf_counter() - started) / 60:.1f} min:\n"
-          f"`python -m bench.serving.one_query {shlex.join(argv if argv is not None else sys.argv[1:])}`\n"
-          f"({args.duration:g} s per cell and repeat, {args.repeats} repeat(s); ratio = ours int8 / Infinity)\n")
-    for model in in_proc:
-        if any(c.model == model for c in cells):
-            print("\n".join(ratio_table(cells, model, args.dtypes, args.loads, args.clients)))
-            print("\nTargets (load generator): \n" + "\n".join(verdicts(cells, model)) + "\n")
-        print(f"In-process, ms per sentence ({model}):\n")
-        rows = in_proc[model]
+          f"{torch.__version__}:\n`python -m bench.serving.one_query "
+          f"{shlex.join(argv if argv is not None else sys.argv[1:])}`\n({args.duration:g} s per cell and repeat, "
+          f"{args.repeats} repeat(s); ratio = ours int8 / Infinity)\n", flush=True)
+    cells: list[Cell] = []
+    in_proc = {}
+    for model in args.models:  # each model's tables as soon as it is measured
+        label, checkpoint = named.get(model, (model, Path(model)))
+        mine = [] if args.in_process_only else run_model(label, checkpoint, args, work / label.replace(" ", "-"))
+        cells += mine
+        in_proc[label] = in_process(checkpoint, work / label.replace(" ", "-"), args.in_process_seconds, args.dtypes)
+        if mine:
+            print("\n".join(ratio_table(cells, label, args.dtypes, args.loads, args.clients)))
+            print("\nTargets (load generator):\n" + "\n".join(verdicts(cells, label)) + "\n")
+        print(f"In-process, ms per sentence ({label}):\n")
+        rows = in_proc[label]
         names = list(next(iter(rows.values())))
         print("| batch, threads | " + " | ".join(names) + " | ours int8 / ORT int8 |\n|---|" + "---:|" * (len(names) + 1))
         for setting, row in rows.items():
             print(f"| {setting} | " + " | ".join(f"{row[n]:.2f}" for n in names) +
                   f" | {row['ours int8'] / row['ONNX Runtime int8']:.2f} |")
-        print()
+        print(flush=True)
+    print(f"(the whole run: {(time.perf_counter() - started) / 60:.1f} min)")
     if args.json:
         args.json.write_text(json.dumps({"cells": [asdict(c) for c in cells], "in_process": in_proc}, indent=1))
     return 0
