@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import http.client
 import json
-import os
-import platform
 import shlex
 import shutil
 import sys
@@ -34,7 +31,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from bench.serving.load import drive, infinity_request
+from bench.serving.load import drive
 from bench.serving.throughput import count_tokens, parse_load, sentences, server_command
 from devkit.paths import minilm_dir
 from devkit.server import free_port, start
@@ -300,11 +297,14 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-one-query-"))
     named = {"minilm": ("all-MiniLM-L6-v2", minilm_dir()), "bundled": ("bundled model", Path(DEFAULT_CHECKPOINT))}
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"Measured {date} on {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch "
-          f"{torch.__version__}:\n`python -m bench.serving.one_query "
-          f"{shlex.join(argv if argv is not None else sys.argv[1:])}`\n({args.duration:g} s per cell and repeat, "
-          f"{args.repeats} repeat(s); ratio = ours int8 / Infinity)\n", flush=True)
+    from bench.report.build import machine
+    from model.provenance import portable_text
+
+    host = machine()
+    command = portable_text("python -m bench.serving.one_query " + shlex.join(argv if argv is not None else sys.argv[1:]))
+    print(f"Measured {host['date']} on {host['cpu']}, {host['cores']} cores, torch {host['torch']}:\n`{command}`\n"
+          f"({args.duration:g} s per cell and repeat, {args.repeats} repeat(s); ratio = ours int8 / Infinity)\n",
+          flush=True)
     cells: list[Cell] = []
     in_proc = {}
     for model in args.models:  # each model's tables as soon as it is measured
