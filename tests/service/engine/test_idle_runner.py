@@ -151,6 +151,9 @@ def test_while_a_batch_computes_a_new_request_goes_through_the_packer():
         ask(batcher, sink, [[1]])
         assert engine.running.wait(5)
         ask(batcher, sink, [[2]])  # one runner is busy: under load the packer picks, so batches gather company
+        deadline = time.monotonic() + 5
+        while len(engine.collated_on) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)  # picked and collated while the first batch is still held
         engine.gate.set()
         answered(sink, 2)
         assert engine.collated_on[0].startswith("bert-runner-") and engine.collated_on[1] == "bert-packer"
