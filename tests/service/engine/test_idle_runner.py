@@ -189,3 +189,43 @@ def test_stopping_answers_what_is_queued():
     batcher.stop()
     answered(sink, 20)
     assert [t.results for t in tickets] == [[n] for n in range(20)]
+
+
+def test_clients_coming_and_going_each_get_their_own_answers_once():
+    """A few clients at a time (the batcher idle, then busy, then idle), some leaving early: every request is
+    answered exactly once, with its own inputs' results or as disconnected."""
+    import random
+
+    engine, sink = HostEngine(), Collected()
+    batcher = started(engine, runners=2, max_batch_size=3)
+    tickets: list[tuple[Ticket, list]] = []
+    lock = threading.Lock()
+
+    def client(seed: int) -> None:
+        chance = random.Random(seed)
+        for n in range(60):
+            items = [[seed, n, k] for k in range(chance.randint(1, 4))]
+            ticket = Ticket(time.monotonic() + 30, len(items), sink, tag=items)
+            if chance.random() < 0.1:
+                batcher.cancel(ticket)
+            with lock:
+                tickets.append((ticket, items))
+            batcher.submit(items, ticket)
+            time.sleep(chance.random() * 0.002)
+
+    try:
+        threads = [threading.Thread(target=client, args=(seed,)) for seed in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        answered(sink, len(tickets))
+        time.sleep(0.05)
+        assert len(sink.tickets) == len(tickets)  # none answered twice
+        for ticket, items in tickets:
+            if ticket.error is None:
+                assert ticket.results == [sum(i) for i in items]
+            else:
+                assert "disconnected" in ticket.error.message
+    finally:
+        batcher.stop()
