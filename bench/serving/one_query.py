@@ -119,11 +119,17 @@ def measure(cell: Cell, url: str, request, texts: list[str], token_counts: dict,
 def serve_all(systems: list[str], checkpoint: Path, infinity: str | None, work: Path):
     """Start every system's server for `checkpoint`; {system: (process, url, the load generator's request)}."""
     servers = {}
-    for system in systems:
-        port = free_port()
-        command, request = server_command(system, checkpoint, port, infinity, work)
-        url = f"http://127.0.0.1:{port}"
-        servers[system] = (start(command, url, timeout_s=300), url, request)
+    try:
+        for system in systems:
+            port = free_port()
+            command, request = server_command(system, checkpoint, port, infinity, work)
+            url = f"http://127.0.0.1:{port}"
+            servers[system] = (start(command, url, timeout_s=300), url, request)
+    except BaseException:  # one failed to start: the ones already up go too
+        for process, _, _ in servers.values():
+            process.terminate()
+            process.wait(timeout=60)
+        raise
     return servers
 
 
