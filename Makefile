@@ -17,7 +17,7 @@ QA_STAMP := $(QA_VENV)/.qa-$(shell cat requirements/qa-reference.txt | cksum | c
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
+.PHONY: serve embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-one-query bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
@@ -29,6 +29,7 @@ help:
 	@echo "make bench-corpus  python -m corpus embed vs its in-process limit, sentence-transformers, HTTP /embed, Ray (~12 min)"
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
+	@echo "make bench-one-query  a few clients, one sentence each: ours vs Infinity's ONNX int8 (~12 min on 2 cores)"
 	@echo "make audit      pip-audit over the pinned dependencies"
 	@echo "make gpu-wheels then make bench-gpu  prove the GPU path on a CUDA machine (bench/gpu/; offline, within 6 min)"
 	@echo "make gpu-corpus, make train-bundled-gpu OUT=DIR (GPU), make gpu-model-join GPU_PARTS=DIR  the bundled model trained on a GPU"
@@ -127,6 +128,12 @@ bench-corpus: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
 bench-precision: $(DEV_STAMP)
 	$(PIP) install -q --no-deps -r requirements/bench.txt
 	$(BIN)/python -m bench.precision $(ARGS)
+
+# Search traffic on a CPU: 1-64 clients with one sentence each (and 16 x 8), ours in int8, float32 and bfloat16 beside
+# Infinity's ONNX int8, through the load generator and a plain keep-alive client (bench/serving/one_query.py).
+bench-one-query: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
+	$(PIP) install -q --no-deps -r requirements/bench.txt
+	$(BIN)/python -m bench.serving.one_query --infinity $(abspath $(PEERS_VENV))/bin/infinity_emb $(ARGS)
 
 audit: $(DEV_STAMP)
 	$(BIN)/python -m pip_audit -r requirements/serve.txt -r requirements/dev.txt --progress-spinner off

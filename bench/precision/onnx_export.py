@@ -29,7 +29,8 @@ def export_onnx(checkpoint_dir: Path, work: Path) -> Path:
     if path.is_file():
         return path
     work.mkdir(parents=True, exist_ok=True)
-    model = _LastHiddenState(transformers.BertModel.from_pretrained(checkpoint_dir, add_pooling_layer=False).eval())
+    # float32 whatever the checkpoint stores (the bundled one is float16): quantize_dynamic wants float32 weights
+    model = _LastHiddenState(transformers.BertModel.from_pretrained(checkpoint_dir, add_pooling_layer=False).float().eval())
     example = (torch.tensor([[101, 2023, 102]]), torch.ones(1, 3, dtype=torch.long))
     axes = {0: "batch", 1: "sequence"}
     torch.onnx.export(model, example, str(path), input_names=["input_ids", "attention_mask"],

@@ -12,6 +12,11 @@ Every input of every request is one entry in one queue. Threads serve it:
   while the host turns the other into replies.
 Entries whose client went away are dropped before compute, entries past their deadline get
 `unavailable`, and a batch that runs out of device memory is split in two and retried.
+
+An idle batcher (nothing computing, prepared or being collated: one client, a few) has a runner pick and collate
+a new request's batch itself, as the packer would: one thread hand-over to the compute instead of two (submitter ->
+packer -> runner). Under load the packer alone picks (its wake-up lets a batch gather company; at 16 clients x 8 a
+runner picking at once made smaller batches, 0.94x the sentences/s), and with max_wait_s above 0.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class Batcher:
         self._stopping = False
         self._packer_finished = False  # set by the packer once stopping and the queue is empty
         self._collating = False  # the packer has chosen a batch and is collating it
+        self._idle_runners = 0  # runners waiting for a batch with none on the device: a new request may go to one
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
@@ -114,8 +120,10 @@ class Batcher:
             sooner = ticket.deadline < self._earliest_deadline
             self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
-            # With a batch prepared the packer waits for a runner (which wakes it) or the earliest deadline.
-            if self._prepared is None or sooner:
+            # An idle runner packs it itself (module docstring); with a batch prepared the packer waits for a runner.
+            if self._runner_may_pack():
+                self._batch_ready.notify()
+            elif self._prepared is None or sooner:
                 self._cond.notify()
 
     def cancel(self, ticket: Ticket) -> None:
@@ -218,6 +226,10 @@ class Batcher:
             taken = self._take_prepared(on_device is not None)
             if taken is None and on_device is None:
                 return
+            if taken is not None and taken[1] is None:  # picked by this runner (idle): collated here
+                taken = self._collate_own(taken[0])
+                if taken is None:
+                    continue
             if not self.engine.overlaps:
                 try:
                     self._run_batch(*taken)
@@ -236,13 +248,32 @@ class Batcher:
                     self._release()
             on_device = launched
 
-    def _take_prepared(self, one_on_device: bool) -> tuple[list[Entry], PreparedBatch] | None:
+    def _runner_may_pack(self) -> bool:
+        """Under the lock: whether an idle runner picks the next batch itself (the batcher idle: module docstring)."""
+        return bool(self._idle_runners and self._queue and not self._running and self._prepared is None
+                    and not self._collating and self.policy.max_wait_s == 0)
+
+    def _take_prepared(self, one_on_device: bool) -> tuple[list[Entry], PreparedBatch | None] | None:
         """The prepared batch: waited for until the packer has finished, or with a batch in flight, None at once
-        unless the packer is about to prepare one (entries queued, or being collated); then up to AHEAD_WAIT_S."""
+        unless the packer is about to prepare one (entries queued, or being collated); then up to AHEAD_WAIT_S.
+        With none on the device and the packer idle, the entries of the next batch, picked here, and None for
+        their batch: the runner collates them itself."""
         with self._lock:
             if not one_on_device:
-                while self._prepared is None and not self._packer_finished:
-                    self._batch_ready.wait()
+                self._idle_runners += 1
+                try:
+                    while self._prepared is None and not self._packer_finished:
+                        if self._runner_may_pack():
+                            self._drop_dead_entries()
+                            if self._queue:
+                                self._running += 1
+                                chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine)))
+                                self._cond.notify()  # what did not fit, if any: the packer prepares it
+                                return chosen, None
+                            continue
+                        self._batch_ready.wait()
+                finally:
+                    self._idle_runners -= 1
             elif self._prepared is None and (self._queue or self._collating):
                 self._batch_ready.wait(AHEAD_WAIT_S)
             taken, self._prepared = self._prepared, None
@@ -250,6 +281,16 @@ class Batcher:
                 self._running += 1
                 self._cond.notify()  # the packer may prepare the next batch now
             return taken
+
+    def _collate_own(self, chosen: list[Entry]) -> tuple[list[Entry], PreparedBatch] | None:
+        """Collate a batch this runner picked itself; None (its entries failed, the batch released) if that fails."""
+        try:
+            return chosen, self.engine.collate([e.item for e in chosen])
+        except Exception:  # noqa: BLE001 - a bad batch fails its own entries only
+            log.exception("collate failed")
+            self._fail(chosen, ServiceError("internal", "internal error while preparing the batch"))
+            self._release()
+            return None
 
     def _release(self) -> None:
         """A taken batch is done with (answered, failed or dropped)."""
