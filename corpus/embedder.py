@@ -45,14 +45,29 @@ def checkpoint_identity(source) -> dict:
 
 
 def job_identity(settings: JobSettings, source) -> dict:
-    """settings.identity() with the pooling the checkpoint's recipe gives when --pooling is left out, and without
-    the checkpoint's name (the model is compared by checkpoint_identity)."""
+    """settings.identity() with the pooling the checkpoint's recipe gives when --pooling is left out, --dtype auto
+    resolved for this machine, and without the checkpoint's name (the model is compared by checkpoint_identity)."""
     from model.pooling import read_pooling
 
     identity = settings.identity()
     identity.pop("checkpoint", None)
     identity["pooling"] = settings.pooling or read_pooling(Path(source.path)).mode
+    identity["dtype"] = resolved_dtype(settings.dtype)
     return identity
+
+
+def resolved_dtype(choice: str) -> str:
+    """--dtype auto as this machine resolves it (float32 on a CPU, bfloat16 or float16 on a GPU): a job resumed on
+    another kind of machine must not mix the two precisions in one output."""
+    if choice != "auto":
+        return choice
+    import torch
+
+    from model.device import pick_device
+
+    if pick_device("auto").type != "cuda":
+        return "float32"
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
 class Embedder:
