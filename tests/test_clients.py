@@ -231,8 +231,11 @@ def test_inference_client_token_classification_and_question_answering(task_heads
     best = client.question_answering(question="where did ada live ?", context=text)
     assert text[best.start : best.end] == best.answer and 0 < best.score <= 1
     several = client.question_answering(question="where did ada live ?", context=text, top_k=3)
-    assert len(several) == 3 and several[0].answer == best.answer
+    # A larger top_k weighs more spans per window, and spans of the same text add up, so the winner may change
+    # (as in transformers' pipeline); what cannot happen is a best score below top_k=1's.
+    assert len(several) == 3 and several[0].score >= best.score - 1e-4
     assert several[0].score >= several[1].score >= several[2].score
+    assert all(text[a.start : a.end] == a.answer for a in several)
 
     async def asynchronous():
         return await AsyncInferenceClient(base_url=qa_url, token=KEY).question_answering(
