@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from model import int8_kernels
-from model.bert import BertForPreTraining, BertIntermediate, BertSelfAttention
+from model.bert import BertForPreTraining, BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput
 from model.int8_kernels import QuantizedRows
 
 SCHEMES = ("torch-dynamic", "torch-dynamic-per-channel", "torch-dynamic-smooth", "per-token", "per-token-smooth")
@@ -134,6 +134,26 @@ class Int8GeluIntermediate(nn.Module):
                                                      self.dense.bias, self.reader_input_scale)
 
 
+class Int8ResidualNorm(nn.Module):
+    """BertSelfOutput or BertOutput (dense, dropout, residual add, LayerNorm) over an int8 dense layer, at inference:
+    the product's dequantization, the residual add and the LayerNorm run as one fused pass
+    (`model.int8_kernels.dequantize_residual_norm`). Keeps the replaced module's `dense` and `LayerNorm`, so its
+    parameters keep their names; dropout is left out (int8 layers are inference-only)."""
+
+    def __init__(self, dense: Int8Linear, norm: nn.LayerNorm):
+        super().__init__()
+        self.dense = dense
+        self.LayerNorm = norm
+
+    def forward(self, x: torch.Tensor | QuantizedRows, residual: torch.Tensor) -> torch.Tensor:
+        rows = x if isinstance(x, QuantizedRows) else self.dense.quantize_input(x)
+        return int8_kernels.dequantize_residual_norm(self.dense.products(rows), rows, self.dense.weight_scale,
+                                                     self.dense.bias, residual, *self.norm())
+
+    def norm(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        return self.LayerNorm.weight.detach().float(), self.LayerNorm.bias.detach().float(), self.LayerNorm.eps
+
+
 class InputScale(nn.Module):
     """Multiplies its input by a fixed per-channel vector: SmoothQuant's division where no layer can absorb it."""
 
@@ -183,7 +203,8 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
     suffixes of Linears left in float (e.g. "output.dense"). Smoothing schemes need `stats`. The
     per-token schemes fuse each layer's query, key and value into one int8 product (one quantization of
     their shared input, one smoothing vector for the three weights), and, with the fused kernels and an
-    exact-GELU model, each feed-forward's GELU into its layers' quantization (`Int8GeluIntermediate`)."""
+    exact-GELU model, each feed-forward's GELU into its layers' quantization (`Int8GeluIntermediate`) and each
+    sublayer's residual add and LayerNorm into its output's dequantization (`Int8ResidualNorm`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown int8 scheme {scheme!r}; choose one of {SCHEMES}")
     smooth = scheme.endswith("smooth")
@@ -220,6 +241,13 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
             if isinstance(layer.intermediate, BertIntermediate) and isinstance(dense, Int8Linear) and \
                     isinstance(reader, Int8Linear):
                 layer.intermediate = Int8GeluIntermediate(dense, reader)
+    if int8_kernels.AVAILABLE and scheme.startswith("per-token"):
+        for layer in model.bert.encoder.layer:
+            for parent, sublayer in ((layer.attention, "output"), (layer, "output")):
+                module = getattr(parent, sublayer)
+                if isinstance(module, (BertSelfOutput, BertOutput)) and isinstance(module.dense, Int8Linear) and \
+                        module.LayerNorm.elementwise_affine and module.LayerNorm.bias is not None:
+                    setattr(parent, sublayer, Int8ResidualNorm(module.dense, module.LayerNorm))
     return model
 
 

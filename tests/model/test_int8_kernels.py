@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from model import int8_kernels
-from model.int8_kernels import dequantize, dequantize_gelu_quantize, quantize_rows
-from model.quantize import Int8GeluIntermediate, Int8Linear, calibrate, quantize
+from model.int8_kernels import dequantize, dequantize_gelu_quantize, dequantize_residual_norm, quantize_rows
+from model.quantize import Int8GeluIntermediate, Int8Linear, Int8ResidualNorm, calibrate, quantize
 from tests.conftest import random_model
 
 pytest.importorskip("numba")
@@ -65,6 +65,23 @@ def test_dequantize_gelu_quantize_is_gelu_then_quantize_even_far_out():
     assert (got.values.int() - values.int()).abs().max() <= 1
 
 
+def test_dequantize_residual_norm_is_layer_norm_of_product_bias_and_residual():
+    torch.manual_seed(4)
+    rows = quantize_rows(torch.randn(2, 9, 32), torch.ones(32))  # 18 rows, in a (2, 9) layout
+    products = torch.randint(-30000, 30000, (18, 48), dtype=torch.int32)
+    column_scale, bias = torch.rand(48) / 100, torch.randn(48)
+    residual = torch.randn(2, 9, 48) * 4 + 30  # far from zero mean: a one-pass variance would lose digits here
+    weight, norm_bias = torch.rand(48) + 0.5, torch.randn(48)
+    summed = (products.float() * rows.scale[:, None] * column_scale + bias).reshape(2, 9, 48) + residual
+    want = F.layer_norm(summed, (48,), weight, norm_bias, eps=1e-12)
+    got = dequantize_residual_norm(products, rows, column_scale, bias, residual, weight, norm_bias, 1e-12)
+    assert got.shape == (2, 9, 48) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    as_bf16 = dequantize_residual_norm(products, rows, column_scale, bias, residual.bfloat16(), weight, norm_bias, 1e-12)
+    assert as_bf16.dtype == torch.bfloat16
+
+
+
 def test_int8_linear_gives_the_same_result_with_and_without_the_kernels(monkeypatch):
     torch.manual_seed(3)
     linear = torch.nn.Linear(64, 80)
@@ -84,10 +101,12 @@ def test_a_quantized_model_answers_alike_with_and_without_the_kernels(monkeypatc
     types = torch.zeros_like(ids)
     stats = calibrate(model, [(ids[i : i + 1], types[i : i + 1]) for i in range(len(ids))])
     fused = quantize(copy.deepcopy(model), "per-token-smooth", stats, alpha=0.65)
-    assert all(isinstance(layer.intermediate, Int8GeluIntermediate) for layer in fused.bert.encoder.layer)
+    assert all(isinstance(layer.intermediate, Int8GeluIntermediate) and isinstance(layer.output, Int8ResidualNorm)
+               and isinstance(layer.attention.output, Int8ResidualNorm) for layer in fused.bert.encoder.layer)
     monkeypatch.setattr(int8_kernels, "AVAILABLE", False)
     eager = quantize(copy.deepcopy(model), "per-token-smooth", stats, alpha=0.65)
-    assert not any(isinstance(layer.intermediate, Int8GeluIntermediate) for layer in eager.bert.encoder.layer)
+    assert not any(isinstance(layer.intermediate, Int8GeluIntermediate) or isinstance(layer.output, Int8ResidualNorm)
+                   for layer in eager.bert.encoder.layer)
     with torch.no_grad():
         want = eager.bert(ids, types)[0]
         monkeypatch.setattr(int8_kernels, "AVAILABLE", True)
