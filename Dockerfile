@@ -6,6 +6,16 @@
 #   docker run -v cache:/cache -e HF_TOKEN -p 8000:8000 bert-serve:0.1.0-cpu serve --checkpoint org/name   (a Hub id)
 # The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
 # Linux x86-64) and requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index).
+# The C kernels (model/*.c: int8 products and attention for short inputs, on AVX-512 CPUs) are built in a stage of
+# their own, which has a compiler, and copied into the image, which has none. model/native.py builds them with the
+# standard library alone; where a CPU lacks their features the service uses torch's kernels instead.
+FROM python:3.11.11-slim-bookworm AS kernels
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY model/native.py model/*.c /build/
+RUN BERT_KERNEL_DIR=/opt/kernels python -S /build/native.py
+
 FROM python:3.11.11-slim-bookworm
 
 ARG VARIANT=cuda
@@ -43,6 +53,7 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin bert \
  && chown bert:bert /checkpoints /cache
 
 COPY model/ model/
+COPY --from=kernels /opt/kernels/ /opt/kernels/
 COPY trainer/ trainer/
 COPY service/ service/
 COPY checkpoints/ checkpoints/
@@ -53,6 +64,7 @@ ENV BERT_HOST=0.0.0.0 \
     BERT_PORT=8000 \
     BERT_CACHE_DIR=/cache \
     NUMBA_CACHE_DIR=/cache/numba \
+    BERT_KERNEL_DIR=/opt/kernels \
     HF_HOME=/cache/huggingface \
     HF_HUB_DISABLE_TELEMETRY=1 \
     BERT_DRAIN_SECONDS=2 \

@@ -4,8 +4,9 @@ their own. The padded path (one SDPA call over the (B, T) layout with a key mask
 - CUDA, bfloat16/float16, PyTorch >= 2.10: `torch.nn.attention.varlen.varlen_attn`, FlashAttention over the
   packed sequences with their cumulative lengths. No padding, no mask: one 300-piece sentence no longer pads
   60 short ones, so the batcher may mix lengths freely (`attention_pads` is False).
-- CPU at inference: one SDPA call per sequence when that costs less than one padded call
-  (Packing.attend_each_on_cpu).
+- CPU at inference: the C kernel of `model.attention_kernel` (AVX-512 CPUs) for every sequence of at most its
+  MAX_LENGTH tokens, all in one call; then one SDPA call per longer sequence when that costs less than one padded
+  call (Packing.attend_each_on_cpu).
 - Elsewhere (float32 on CUDA, older torch, training with attention dropout): the padded call. Padding costs
   attention work there, and the batcher's padding cap (max_padding_fraction) keeps long and short apart.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from model import attention_kernel
 from model.packing import Packing
 
 try:  # PyTorch >= 2.10
@@ -52,7 +54,26 @@ def attend_varlen(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim:
     return out.reshape(tokens, num_heads * head_dim)
 
 
-def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int) -> torch.Tensor:
+def attend_on_cpu(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int) -> torch.Tensor | None:
+    """Packed (N, 3H) query | key | value -> (N, H) on a CPU at inference, each sequence attending to itself alone;
+    None off the CPU, and where one padded SDPA call is the cheaper way (the caller makes it)."""
+    if qkv.device.type != "cpu":
+        return None
+    # The kernel has no backward: a caller asking for gradients gets torch's attention.
+    kernel = attention_kernel.kernel() if attention_kernel.Kernel.fits(head_dim) and not qkv.requires_grad else None
+    if kernel is not None and packing.max_length <= attention_kernel.MAX_LENGTH:
+        dtype = qkv.dtype
+        qkv = qkv.float().contiguous()
+        out = qkv.new_empty(qkv.shape[0], num_heads * head_dim)
+        kernel.attend(qkv, packing.starts, packing.lengths, packing.max_length, num_heads, head_dim, out)
+        return out.to(dtype)
+    if packing.attend_each_on_cpu(num_heads * head_dim):
+        return attend_each(qkv, packing, num_heads, head_dim, kernel)
+    return None
+
+
+def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int,
+                kernel: attention_kernel.Kernel | None = None) -> torch.Tensor:
     """Packed (N, 3H) query | key | value -> (N, H), one attention call per sequence, unpadded.
 
     On CPU, padded attention costs B * T^2 where the sequences need only the sum of their L^2: for 20
@@ -65,7 +86,15 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
     dtype = qkv.dtype
     qkv = qkv.float()
     out = qkv.new_empty(qkv.shape[0], hidden)
-    for start, length in packing.spans:
+    spans = packing.spans
+    if kernel is not None:  # the short sequences in one kernel call (attend_on_cpu), torch the rest
+        short = [(start, length) for start, length in spans if length <= attention_kernel.MAX_LENGTH]
+        if short:
+            qkv = qkv.contiguous()
+            kernel.attend(qkv, torch.tensor([start for start, _ in short]), torch.tensor([n for _, n in short]),
+                          max(n for _, n in short), num_heads, head_dim, out)
+            spans = [(start, length) for start, length in spans if length > attention_kernel.MAX_LENGTH]
+    for start, length in spans:
         # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies.
         q, k, v = qkv[start:start + length].view(1, length, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
         out[start:start + length] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(length, hidden)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import attend_each, attend_varlen, runs_varlen
+from model.attention import attend_on_cpu, attend_varlen, runs_varlen
 from model.config import BertConfig
 from model.dropout import Dropout, attention_with_cheap_dropout
 from model.packing import Packing
@@ -88,8 +88,8 @@ class BertSelfAttention(nn.Module):
                 torch.cat((self.query(x), self.key(x), self.value(x)), -1)
             if not (self.training and self.dropout_prob > 0) and runs_varlen(qkv.device, qkv.dtype, self.head_dim):
                 return attend_varlen(qkv, packing, self.num_heads, self.head_dim)  # no padding at all
-            if qkv.device.type == "cpu" and not self.training and packing.attend_each_on_cpu(qkv.shape[-1] // 3):
-                return attend_each(qkv, packing, self.num_heads, self.head_dim)
+            if not self.training and (on_cpu := attend_on_cpu(qkv, packing, self.num_heads, self.head_dim)) is not None:
+                return on_cpu
             q, k, v = packing.pad(qkv).chunk(3, -1)
             return packing.unpad(self._attend(q, k, v, packing.key_mask))
         if self.fused_qkv is not None:

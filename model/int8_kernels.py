@@ -54,36 +54,43 @@ def _int8_rows(rows: int, cols: int) -> torch.Tensor:
     return torch.empty(rows, cols, dtype=torch.int8)
 
 
-def quantize_rows(x: torch.Tensor, inverse_smoothing: torch.Tensor) -> QuantizedRows:
+Vector = torch.Tensor | np.ndarray  # a layer's float32 constants; layers pass numpy views, one conversion fewer a call
+
+
+def _array(vector: Vector) -> np.ndarray:
+    return vector if isinstance(vector, np.ndarray) else vector.numpy()
+
+
+def quantize_rows(x: torch.Tensor, inverse_smoothing: Vector) -> QuantizedRows:
     """x (..., cols) float32 or bfloat16 -> int8 rows of x * inverse_smoothing, one scale per row (max |.| / 127)."""
     flat = x.detach().reshape(-1, x.shape[-1]).float().contiguous()  # int8 layers are inference-only
     rows, cols = flat.shape
     values, scale = _int8_rows(rows, cols), torch.empty(rows)
-    _quantize_rows(flat.numpy(), inverse_smoothing.numpy(), values.numpy(), scale.numpy(), np.empty(cols, np.float32))
+    _quantize_rows(flat.numpy(), _array(inverse_smoothing), values.numpy(), scale.numpy(), np.empty(cols, np.float32))
     return QuantizedRows(values, scale, tuple(x.shape[:-1]), x.dtype)
 
 
-def dequantize(products: torch.Tensor, rows: QuantizedRows, column_scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def dequantize(products: torch.Tensor, rows: QuantizedRows, column_scale: Vector, bias: Vector) -> torch.Tensor:
     """int32 (>= rows, cols) products of `rows` and int8 weights -> float32 (rows, cols), scaled, plus bias."""
     out = torch.empty(rows.rows, products.shape[1])
-    _dequantize(products.numpy(), rows.scale.numpy(), column_scale.numpy(), bias.numpy(), out.numpy())
+    _dequantize(products.numpy(), rows.scale.numpy(), _array(column_scale), _array(bias), out.numpy())
     return out
 
 
-def dequantize_gelu_quantize(products: torch.Tensor, rows: QuantizedRows, column_scale: torch.Tensor,
-                             bias: torch.Tensor, next_inverse_smoothing: torch.Tensor) -> QuantizedRows:
+def dequantize_gelu_quantize(products: torch.Tensor, rows: QuantizedRows, column_scale: Vector, bias: Vector,
+                             next_inverse_smoothing: Vector) -> QuantizedRows:
     """GELU(dequantized products + bias), quantized per row for the next int8 layer (times its smoothing),
     without writing the float activation anywhere."""
     count, cols = rows.rows, products.shape[1]
     values, scale = _int8_rows(count, cols), torch.empty(count)
-    _dequantize_gelu_quantize(products.numpy(), rows.scale.numpy(), column_scale.numpy(), bias.numpy(),
-                              next_inverse_smoothing.numpy(), values.numpy(), scale.numpy(), np.empty(cols, np.float32))
+    _dequantize_gelu_quantize(products.numpy(), rows.scale.numpy(), _array(column_scale), _array(bias),
+                              _array(next_inverse_smoothing), values.numpy(), scale.numpy(), np.empty(cols, np.float32))
     return QuantizedRows(values, scale, rows.shape, rows.dtype)
 
 
-def dequantize_residual_norm(products: torch.Tensor, rows: QuantizedRows, column_scale: torch.Tensor,
-                             bias: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                             norm_bias: torch.Tensor, eps: float) -> torch.Tensor:
+def dequantize_residual_norm(products: torch.Tensor, rows: QuantizedRows, column_scale: Vector, bias: Vector,
+                             residual: torch.Tensor, norm_weight: Vector, norm_bias: Vector,
+                             eps: float) -> torch.Tensor:
     """LayerNorm(dequantized products + bias + residual): a BERT sublayer's output (post-LN) in one pass per row,
     where eager PyTorch makes three (dequantize, add, normalize). `residual` has the rows' leading shape; the
     result has the residual's shape and type. Mean and variance accumulate in float64, two passes over the row
@@ -91,8 +98,8 @@ def dequantize_residual_norm(products: torch.Tensor, rows: QuantizedRows, column
     dtype = residual.dtype
     flat = residual.detach().reshape(rows.rows, -1).float().contiguous()
     out = torch.empty_like(flat)
-    _dequantize_residual_norm(products.numpy(), rows.scale.numpy(), column_scale.numpy(), bias.numpy(),
-                              flat.numpy(), norm_weight.numpy(), norm_bias.numpy(), np.float64(eps), out.numpy())
+    _dequantize_residual_norm(products.numpy(), rows.scale.numpy(), _array(column_scale), _array(bias),
+                              flat.numpy(), _array(norm_weight), _array(norm_bias), np.float64(eps), out.numpy())
     return out.reshape(residual.shape).to(dtype)
 
 

@@ -54,6 +54,11 @@ class Packing:
         return self.width
 
     @cached_property
+    def lengths(self) -> torch.Tensor:
+        """(B,) int64: each sequence's length."""
+        return torch.tensor([length for _, length in self.spans], dtype=torch.int64)
+
+    @cached_property
     def real_squares(self) -> int:
         return sum(n * n for _, n in self.spans)
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from model import int8_kernels
+from model import int8_kernels, int8_vnni
 from model.bert import BertForPreTraining, BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput
 from model.int8_kernels import QuantizedRows
 
@@ -46,7 +46,8 @@ class Int8Linear(nn.Module):
     needs to reach them.
 
     With numba (`model.int8_kernels.AVAILABLE`) quantization and dequantization each run as one fused
-    pass; x may then also arrive already quantized (`QuantizedRows`, from `Int8GeluIntermediate`)."""
+    pass; x may then also arrive already quantized (`QuantizedRows`, from `Int8GeluIntermediate`). On CPUs with
+    AVX512-VNNI the products of few rows run in `model.int8_vnni`'s kernel, whose products equal `_int_mm`'s."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smoothing: torch.Tensor | None = None):
         super().__init__()
@@ -62,6 +63,12 @@ class Int8Linear(nn.Module):
         self.bias = torch.zeros(self.out_features) if bias is None else bias.detach().float().clone()
         self.input_scale = torch.ones(self.in_features) if smoothing is None else 1.0 / smoothing.float()
         self.smoothed = smoothing is not None
+        # numpy views of the constants, for the fused kernels (one conversion fewer per call; same memory)
+        self.weight_scale_array, self.bias_array = self.weight_scale.numpy(), self.bias.numpy()
+        self.input_scale_array = self.input_scale.numpy()
+        vnni = int8_vnni.kernel() if int8_kernels.AVAILABLE else None  # products() serves the fused path only
+        self.vnni = vnni if vnni is not None and vnni.fits(self.in_features) else None
+        self.packed = self.vnni.pack(self.weight_t) if self.vnni is not None else None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, smoothing: torch.Tensor | None = None) -> Int8Linear:
@@ -83,15 +90,19 @@ class Int8Linear(nn.Module):
 
     def quantize_input(self, x: torch.Tensor) -> QuantizedRows:
         """x (..., in) -> its rows smoothed and quantized, as this layer's product wants them (fused kernel)."""
-        return int8_kernels.quantize_rows(x, self.input_scale)
+        return int8_kernels.quantize_rows(x, self.input_scale_array)
 
     def products(self, x: QuantizedRows) -> torch.Tensor:
-        """The int32 products of quantized rows and the int8 weights (rows padded as `_int_mm` wants)."""
+        """The int32 products of quantized rows and the int8 weights: (rows, out) from the VNNI kernel where it is
+        the faster, else `_int_mm`'s, whose rows are padded as it wants."""
+        vnni = self.vnni
+        if vnni is not None and vnni.serves(x.rows):
+            return vnni.matmul(x.values[:x.rows], self.packed)
         return torch._int_mm(x.values, self.weight_t)
 
     def from_quantized(self, x: QuantizedRows) -> torch.Tensor:
         """The layer's output for an already quantized input (fused kernels)."""
-        out = int8_kernels.dequantize(self.products(x), x, self.weight_scale, self.bias)
+        out = int8_kernels.dequantize(self.products(x), x, self.weight_scale_array, self.bias_array)
         return out.to(x.dtype).reshape(*x.shape, self.out_features)
 
     def _forward_eager(self, x: torch.Tensor) -> torch.Tensor:
@@ -127,11 +138,13 @@ class Int8GeluIntermediate(nn.Module):
         super().__init__()
         self.dense = dense
         self.reader_input_scale = reader.input_scale  # a plain attribute: stays float32 (see Int8Linear)
+        self.reader_input_scale_array = reader.input_scale_array
 
     def forward(self, x: torch.Tensor) -> QuantizedRows:
-        rows = self.dense.quantize_input(x)
-        return int8_kernels.dequantize_gelu_quantize(self.dense.products(rows), rows, self.dense.weight_scale,
-                                                     self.dense.bias, self.reader_input_scale)
+        dense = self.dense
+        rows = dense.quantize_input(x)
+        return int8_kernels.dequantize_gelu_quantize(dense.products(rows), rows, dense.weight_scale_array,
+                                                     dense.bias_array, self.reader_input_scale_array)
 
 
 class Int8ResidualNorm(nn.Module):
@@ -144,14 +157,14 @@ class Int8ResidualNorm(nn.Module):
         super().__init__()
         self.dense = dense
         self.LayerNorm = norm
+        # The LayerNorm's float32 weights as numpy, taken once (float32 already: views of the parameters, no copies).
+        self.norm_arrays = (norm.weight.detach().float().numpy(), norm.bias.detach().float().numpy(), norm.eps)
 
     def forward(self, x: torch.Tensor | QuantizedRows, residual: torch.Tensor) -> torch.Tensor:
-        rows = x if isinstance(x, QuantizedRows) else self.dense.quantize_input(x)
-        return int8_kernels.dequantize_residual_norm(self.dense.products(rows), rows, self.dense.weight_scale,
-                                                     self.dense.bias, residual, *self.norm())
-
-    def norm(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        return self.LayerNorm.weight.detach().float(), self.LayerNorm.bias.detach().float(), self.LayerNorm.eps
+        dense = self.dense
+        rows = x if isinstance(x, QuantizedRows) else dense.quantize_input(x)
+        return int8_kernels.dequantize_residual_norm(dense.products(rows), rows, dense.weight_scale_array,
+                                                     dense.bias_array, residual, *self.norm_arrays)
 
 
 class InputScale(nn.Module):

@@ -11,6 +11,8 @@
   float32 (top-1 agreement 98.7% vs 97.0%) with no conversions in and out of each int8 layer
   (BENCHMARKS.md). With numba (pinned in the requirements) the int8 layers' quantization, dequantization
   and the feed-forward's GELU run as fused kernels (`model.int8_kernels`); without it, as eager PyTorch.
+  On CPUs with AVX512-VNNI and a C compiler, the products of few rows run in `model.int8_vnni`'s kernel
+  (the same integers as torch._int_mm, faster for a query's few tokens); /info says which products run.
 """
 
 from __future__ import annotations
@@ -57,8 +59,12 @@ def choose(choice: str, device: torch.device) -> Precision:
         if not int8_kernels.AVAILABLE:
             log.warning("--dtype int8: numba is not installed, so int8 runs without its fused kernels (about 15% "
                         "slower; model/int8_kernels.py)")
+        from model import int8_vnni
+
+        products = "VNNI products for few rows" if int8_vnni.kernel() is not None else \
+            f"torch._int_mm products: {int8_vnni.why_not()}"
         return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere; "
-                         f"{kernels})", torch.float32)
+                         f"{kernels}; {products})", torch.float32)
     if choice == "auto":
         if device.type != "cuda":
             return Precision("float32", torch.float32)

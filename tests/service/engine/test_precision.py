@@ -58,9 +58,19 @@ def test_int8_says_whether_its_fused_kernels_run(monkeypatch, caplog):
     from model import int8_kernels
 
     monkeypatch.setattr(int8_kernels, "AVAILABLE", True)
-    assert choose("int8", torch.device("cpu")).name.endswith("; fused kernels)")
+    assert "; fused kernels;" in choose("int8", torch.device("cpu")).name
     monkeypatch.setattr(int8_kernels, "AVAILABLE", False)
     with caplog.at_level("WARNING", logger="service"):
         precision = choose("int8", torch.device("cpu"))
     assert "install numba" in precision.name and precision.is_int8
     assert "numba is not installed" in caplog.text
+
+
+def test_int8_says_which_products_run(monkeypatch):
+    from model import int8_vnni
+
+    monkeypatch.setattr(int8_vnni, "kernel", lambda: object())
+    assert choose("int8", torch.device("cpu")).name.endswith("; VNNI products for few rows)")
+    monkeypatch.setattr(int8_vnni, "kernel", lambda: None)
+    monkeypatch.setattr(int8_vnni, "why_not", lambda: "this CPU lacks avx512_vnni")
+    assert choose("int8", torch.device("cpu")).name.endswith("; torch._int_mm products: this CPU lacks avx512_vnni)")

@@ -1,0 +1,112 @@
+"""Building and loading this package's C kernels (`model/*.c`) at first use, for the CPU the service runs on.
+
+Each kernel's C file is compiled with the system's C compiler (`CC`, else `cc`) into a kernel directory and loaded
+through ctypes (which lets go of the GIL during each call, as torch's own kernels do). The directories tried, in
+order: `BERT_KERNEL_DIR` (the Docker image builds its kernels there), the user's cache (`XDG_CACHE_HOME`, else
+~/.cache, under bert-service/kernels), a per-user temporary one. A library's name carries a hash of its source and
+flags: a changed source is rebuilt, a built one reused (about 0.4 s to build one).
+
+Every kernel needs some CPU features (its intrinsics); where they, the compiler or a build are missing,
+`load` raises `NativeUnavailable` with the reason, and the caller keeps torch's path, which computes the same.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+# Every kernel: its source in model/, compiler flags, and the CPU flags (/proc/cpuinfo) it needs. Here rather than
+# in the modules that use them, so that this file alone (standard library only) builds them all: `python
+# model/native.py` is how the Docker image builds its kernels, in a stage that has a compiler and no torch.
+KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "int8_vnni.c": (("-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni"), ("avx512f", "avx512bw", "avx512_vnni")),
+    "attention_cpu.c": (("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"),
+                        ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+}
+
+
+class NativeUnavailable(Exception):
+    """A kernel cannot run here; the message says why."""
+
+
+def load(source_name: str) -> ctypes.CDLL:
+    """The library built from `model/<source_name>` (one of KERNELS), on a CPU with the flags it needs."""
+    flags, cpu_flags = KERNELS[source_name]
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        raise NativeUnavailable(f"the C kernels are for x86-64 Linux, not {platform.system()} {platform.machine()}")
+    missing = [flag for flag in cpu_flags if flag not in _cpu_flags()]
+    if missing:
+        raise NativeUnavailable(f"this CPU lacks {', '.join(missing)}")
+    try:
+        return ctypes.CDLL(str(build(source_name, flags)))
+    except OSError as exc:
+        raise NativeUnavailable(f"{source_name} did not load: {exc}") from None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError as exc:
+        raise NativeUnavailable(f"cannot read the CPU's flags: {exc}") from None
+    return set(text.split())
+
+
+def build(source_name: str, flags: tuple[str, ...]) -> Path:
+    """The built library of `model/<source_name>`, built now unless a kernel directory holds it already."""
+    source = HERE / source_name
+    compiler = os.environ.get("CC", "cc")
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    name = f"{source.stem}-{digest}.so"
+    for directory in kernel_directories():
+        if (directory / name).is_file():
+            return directory / name
+    if shutil.which(compiler) is None:
+        raise NativeUnavailable(f"no C compiler ({compiler}) to build {source.name}")
+    for directory in kernel_directories():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            # Built under a temporary name, then renamed: a process starting beside this one never loads half a file.
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".building-", suffix=".so", delete=False) as partial:
+                pass
+        except OSError:
+            continue
+        try:
+            subprocess.run([compiler, *flags, "-fPIC", "-shared", str(source), "-o", partial.name], check=True,
+                           capture_output=True, timeout=120)
+            os.replace(partial.name, directory / name)
+        except subprocess.CalledProcessError as exc:
+            raise NativeUnavailable(f"building {source.name} failed: {exc.stderr.decode(errors='replace')[-500:]}") \
+                from None
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NativeUnavailable(f"building {source.name} failed: {exc}") from None
+        finally:
+            Path(partial.name).unlink(missing_ok=True)
+        return directory / name
+    raise NativeUnavailable(f"no writable directory to build {source.name} in (set BERT_KERNEL_DIR)")
+
+
+def kernel_directories() -> list[Path]:
+    """Where built kernels are looked for, and kept, in order."""
+    directories = [Path(os.environ["BERT_KERNEL_DIR"])] if os.environ.get("BERT_KERNEL_DIR") else []
+    cache = os.environ.get("XDG_CACHE_HOME") or (Path.home() / ".cache")
+    directories.append(Path(cache) / "bert-service" / "kernels")
+    directories.append(Path(tempfile.gettempdir()) / f"bert-service-kernels-{os.getuid()}")
+    return directories
+
+
+def build_all() -> None:
+    """Build every kernel into the first kernel directory, whatever this CPU runs."""
+    for source_name, (flags, _) in KERNELS.items():
+        print(build(source_name, flags))
+
+
+if __name__ == "__main__":
+    build_all()
