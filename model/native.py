@@ -81,6 +81,8 @@ def build(source_name: str, flags: tuple[str, ...]) -> Path:
         try:
             subprocess.run([compiler, *flags, "-fPIC", "-shared", str(source), "-o", partial.name], check=True,
                            capture_output=True, timeout=120)
+            # Readable by all: the temporary file starts private, and an image built as root runs as another user.
+            os.chmod(partial.name, 0o755)
             os.replace(partial.name, directory / name)
         except subprocess.CalledProcessError as exc:
             raise NativeUnavailable(f"building {source.name} failed: {exc.stderr.decode(errors='replace')[-500:]}") \
