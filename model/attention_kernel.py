@@ -13,21 +13,15 @@ Which sequences: one layer of all-MiniLM-L6-v2 (12 heads of 32), one core, again
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
 
 import torch
 import torch.nn.functional as F
 
 from model import native
 
-log = logging.getLogger("model")
-
 SOURCE_NAME = "attention_cpu.c"
 MAX_LENGTH = 96  # measured: faster than SDPA up to 96 tokens, slower from 128
 LANES = 16  # the kernel's vector width in floats: head sizes must be multiples of it
-
-_unavailable: list[str] = []
 
 
 class Kernel:
@@ -56,24 +50,6 @@ class Kernel:
                      head_dim ** -0.5, out.data_ptr(), scratch.data_ptr())
 
 
-@functools.cache
-def kernel() -> Kernel | None:
-    """The kernel, built and checked at the first call; None where it cannot run (see `why_not`)."""
-    try:
-        candidate = Kernel(native.load(SOURCE_NAME))
-        _check(candidate)
-    except native.NativeUnavailable as exc:
-        _unavailable.append(str(exc))
-        log.info("CPU attention: torch's (%s)", exc)
-        return None
-    return candidate
-
-
-def why_not() -> str | None:
-    """Why `kernel()` is None, once it has been called; None while it is available or not yet asked."""
-    return _unavailable[-1] if _unavailable else None
-
-
 def _check(candidate: Kernel) -> None:
     generator = torch.Generator().manual_seed(0)
     for num_heads, head_dim, lengths in ((2, 16, (1, 5, 16, 17)), (12, 32, (34, 3, 96)), (4, 64, (40, 2))):
@@ -92,3 +68,8 @@ def _check(candidate: Kernel) -> None:
             if not torch.allclose(out[first:first + length], expected, atol=1e-4, rtol=1e-4):
                 raise native.NativeUnavailable(f"the attention kernel differs from torch's at {length} tokens, "
                                                f"{num_heads} heads of {head_dim}")
+
+
+# The kernel, built and checked at the first call (None where it cannot run); why_not() says why not.
+kernel = native.FirstUse(SOURCE_NAME, Kernel, _check, "CPU attention: torch's")
+why_not = kernel.why_not

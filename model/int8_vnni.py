@@ -16,20 +16,14 @@ encoder instead of 11).
 from __future__ import annotations
 
 import ctypes
-import functools
-import logging
 from dataclasses import dataclass
 
 import torch
 
 from model import native
 
-log = logging.getLogger("model")
-
 SOURCE_NAME = "int8_vnni.c"
 MULTI_THREAD_MAX_ROWS = 32  # against torch._int_mm on two threads: 0.79x its time at 17 rows, 1.03x at 34
-
-_unavailable: list[str] = []  # why kernel() is None, once it has been asked
 
 
 @dataclass(frozen=True)
@@ -87,24 +81,6 @@ class Kernel:
         return torch.get_num_threads() == 1 or rows <= MULTI_THREAD_MAX_ROWS
 
 
-@functools.cache
-def kernel() -> Kernel | None:
-    """The kernel, built and checked at the first call; None where it cannot run (see `why_not`)."""
-    try:
-        candidate = Kernel(native.load(SOURCE_NAME))
-        _check(candidate)
-    except native.NativeUnavailable as exc:
-        _unavailable.append(str(exc))
-        log.info("int8 products: torch._int_mm (%s)", exc)
-        return None
-    return candidate
-
-
-def why_not() -> str | None:
-    """Why `kernel()` is None, once it has been called; None while it is available or not yet asked."""
-    return _unavailable[-1] if _unavailable else None
-
-
 def _check(candidate: Kernel) -> None:
     """Every row tail (1-6, 7-13) and column tail (16, 48, 80 columns) against torch._int_mm, whose input needs
     more than 16 rows (it is given zero rows beyond the ones compared)."""
@@ -118,3 +94,8 @@ def _check(candidate: Kernel) -> None:
             if not torch.equal(candidate.matmul(rows, packed), torch._int_mm(padded, weight_t)[:m]):
                 raise native.NativeUnavailable(
                     f"the VNNI kernel's products differ from torch._int_mm's at {m} x {k} x {n}")
+
+
+# The kernel, built and checked at the first call (None where it cannot run); why_not() says why not.
+kernel = native.FirstUse(SOURCE_NAME, Kernel, _check, "int8 products: torch._int_mm")
+why_not = kernel.why_not

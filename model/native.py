@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).parent
+log = logging.getLogger("model")
 
 # Every kernel: its source in model/, compiler flags, and the CPU flags (/proc/cpuinfo) it needs. Here rather than
 # in the modules that use them, so that this file alone (standard library only) builds them all: `python
@@ -49,6 +52,32 @@ def load(source_name: str) -> ctypes.CDLL:
         return ctypes.CDLL(str(build(source_name, flags)))
     except OSError as exc:
         raise NativeUnavailable(f"{source_name} did not load: {exc}") from None
+
+
+class FirstUse:
+    """A kernel built, loaded and checked at the first call, once: `make` wraps the library, `check` raises
+    NativeUnavailable where its results differ from torch's. Calling it gives the wrapper, or None where the kernel
+    cannot run; `why_not()` then says why (and `fallback`, what runs instead, is logged with it)."""
+
+    def __init__(self, source_name: str, make: Callable, check: Callable, fallback: str):
+        self.source_name, self.make, self.check, self.fallback = source_name, make, check, fallback
+        self.asked, self.kernel, self.reason = False, None, None
+
+    def __call__(self):
+        if not self.asked:
+            self.asked = True
+            try:
+                candidate = self.make(load(self.source_name))
+                self.check(candidate)
+                self.kernel = candidate
+            except NativeUnavailable as exc:
+                self.reason = str(exc)
+                log.info("%s (%s)", self.fallback, exc)
+        return self.kernel
+
+    def why_not(self) -> str | None:
+        """Why the kernel is None, once it has been asked for; None while it is available or not yet asked."""
+        return self.reason
 
 
 def _cpu_flags() -> set[str]:

@@ -195,3 +195,18 @@ def test_native_py_alone_builds_every_kernel(tmp_path):
     built = sorted((tmp_path / "kernels").glob("*.so"))
     assert sorted(path.name.split("-")[0] for path in built) == sorted(Path(name).stem for name in native.KERNELS)
     assert all(path.stat().st_mode & 0o555 == 0o555 for path in built)  # loadable by the image's unprivileged user
+
+
+def test_first_use_builds_once_and_keeps_the_reason_a_kernel_cannot_run(monkeypatch):
+    loads = []
+    monkeypatch.setattr(native, "load", lambda name: loads.append(name) or object())
+
+    def differs(candidate):
+        raise native.NativeUnavailable("its products differ from torch's")
+
+    failing = native.FirstUse("some.c", lambda library: library, differs, "torch's kernel")
+    assert failing.why_not() is None  # not asked yet
+    assert failing() is None and failing() is None and loads == ["some.c"]  # built and checked once
+    assert failing.why_not() == "its products differ from torch's"
+    working = native.FirstUse("other.c", lambda library: ("wrapped", library), lambda candidate: None, "torch's")
+    assert working()[0] == "wrapped" and working() is working() and working.why_not() is None
