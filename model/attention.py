@@ -61,13 +61,8 @@ def attend_on_cpu(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim:
         return None
     # The kernel has no backward: a caller asking for gradients gets torch's attention.
     kernel = attention_kernel.kernel() if attention_kernel.Kernel.fits(head_dim) and not qkv.requires_grad else None
-    if kernel is not None and packing.max_length <= attention_kernel.MAX_LENGTH:
-        dtype = qkv.dtype
-        qkv = qkv.float().contiguous()
-        out = qkv.new_empty(qkv.shape[0], num_heads * head_dim)
-        kernel.attend(qkv, packing.starts, packing.lengths, packing.max_length, num_heads, head_dim, out)
-        return out.to(dtype)
-    if packing.attend_each_on_cpu(num_heads * head_dim):
+    if (kernel is not None and packing.max_length <= attention_kernel.MAX_LENGTH) or \
+            packing.attend_each_on_cpu(num_heads * head_dim):
         return attend_each(qkv, packing, num_heads, head_dim, kernel)
     return None
 
@@ -87,13 +82,17 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
     qkv = qkv.float()
     out = qkv.new_empty(qkv.shape[0], hidden)
     spans = packing.spans
-    if kernel is not None:  # the short sequences in one kernel call (attend_on_cpu), torch the rest
-        short = [(start, length) for start, length in spans if length <= attention_kernel.MAX_LENGTH]
-        if short:
-            qkv = qkv.contiguous()
-            kernel.attend(qkv, torch.tensor([start for start, _ in short]), torch.tensor([n for _, n in short]),
-                          max(n for _, n in short), num_heads, head_dim, out)
+    if kernel is not None:  # the short sequences in one kernel call, torch the rest
+        if packing.max_length <= attention_kernel.MAX_LENGTH:  # all of them: the packing's own index tensors
+            starts, lengths, longest, spans = packing.starts, packing.lengths, packing.max_length, ()
+        else:
+            short = [(start, length) for start, length in spans if length <= attention_kernel.MAX_LENGTH]
+            starts, lengths = torch.tensor([start for start, _ in short]), torch.tensor([n for _, n in short])
+            longest = max((n for _, n in short), default=0)
             spans = [(start, length) for start, length in spans if length > attention_kernel.MAX_LENGTH]
+        if longest:
+            qkv = qkv.contiguous()
+            kernel.attend(qkv, starts, lengths, longest, num_heads, head_dim, out)
     for start, length in spans:
         # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies.
         q, k, v = qkv[start:start + length].view(1, length, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
