@@ -6,7 +6,7 @@
 #   docker run -v cache:/cache -e HF_TOKEN -p 8000:8000 bert-serve:0.1.0-cpu serve --checkpoint org/name   (a Hub id)
 # The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
 # Linux x86-64) and requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index).
-# The C kernels (model/*.c: int8 products and attention for short inputs, on AVX-512 CPUs) are built in a stage of
+# The C kernels (model/*.c: int8 products, whole int8 layers, attention; for AVX-512 CPUs) are built in a stage of
 # their own, which has a compiler, and copied into the image, which has none. model/native.py builds them with the
 # standard library alone; where a CPU lacks their features the service uses torch's kernels instead.
 FROM python:3.11.11-slim-bookworm AS kernels

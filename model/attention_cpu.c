@@ -11,6 +11,7 @@
  * degree-6 polynomial on |r| <= ln 2 / 2, relative error below 2e-7.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 
 #define LANES 16
@@ -38,63 +39,88 @@ static inline __mmask16 lanes_below(int64_t left) {
     return left >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
 }
 
-/* For each of `count` sequences (rows starts[s] .. starts[s] + lengths[s] - 1 of qkv) and each head:
- * softmax(q k^T * scale) v. head_dim must be a multiple of 16. `scratch` holds (head_dim + 1) x (the longest
- * length rounded up to 16) floats: one head's keys transposed and scaled, so that 16 keys' scores are head_dim
- * multiply-adds of whole vectors, and one row of scores. */
-void attend_packed(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count, int64_t heads,
-                   int64_t head_dim, float scale, float *out, float *scratch) {
-    /* head_dim: a multiple of 16 (checked by the caller), so also of 4 */
-    const int64_t hidden = heads * head_dim, stride = 3 * hidden;
-    for (int64_t s = 0; s < count; s++) {
-        const float *base = qkv + starts[s] * stride;
-        float *out_base = out + starts[s] * hidden;
-        const int64_t length = lengths[s], padded = (length + LANES - 1) / LANES * LANES;
-        float *keys_t = scratch, *scores = scratch + head_dim * padded;
-        for (int64_t h = 0; h < heads; h++) {
-            const float *keys = base + hidden + h * head_dim, *values = base + 2 * hidden + h * head_dim;
-            for (int64_t d = 0; d < head_dim; d++) {
-                for (int64_t j = 0; j < length; j++) keys_t[d * padded + j] = keys[j * stride + d] * scale;
-                for (int64_t j = length; j < padded; j++) keys_t[d * padded + j] = 0.0f;
-            }
-            for (int64_t i = 0; i < length; i++) {
-                const float *query = base + i * stride + h * head_dim;
-                __m512 top = _mm512_set1_ps(-3.0e38f);
-                for (int64_t j = 0; j < padded; j += LANES) {
-                    /* Four independent sums (d mod 4): one chain of dependent multiply-adds would wait on the
-                     * previous one's latency at every step. */
-                    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                    for (int64_t d = 0; d < head_dim; d += 4)
-                        for (int u = 0; u < 4; u++)
-                            acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(query[d + u]),
-                                                     _mm512_loadu_ps(keys_t + (d + u) * padded + j), acc[u]);
-                    const __m512 dot = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-                    _mm512_storeu_ps(scores + j, dot);
-                    top = _mm512_mask_max_ps(top, lanes_below(length - j), top, dot);
-                }
-                const __m512 row_max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-                __m512 sums = _mm512_setzero_ps();
-                for (int64_t j = 0; j < padded; j += LANES) {
-                    const __m512 e = _mm512_maskz_mov_ps(lanes_below(length - j),
-                                                         exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + j), row_max)));
-                    _mm512_storeu_ps(scores + j, e);
-                    sums = _mm512_add_ps(sums, e);
-                }
-                const float inverse = 1.0f / _mm512_reduce_add_ps(sums);
-                float *row = out_base + i * hidden + h * head_dim;
-                for (int64_t d = 0; d < head_dim; d += LANES) {
-                    __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();  /* two chains, as above */
-                    int64_t j = 0;
-                    for (; j + 1 < length; j += 2) {
-                        even = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(values + j * stride + d), even);
-                        odd = _mm512_fmadd_ps(_mm512_set1_ps(scores[j + 1]),
-                                              _mm512_loadu_ps(values + (j + 1) * stride + d), odd);
-                    }
-                    if (j < length)
-                        even = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(values + j * stride + d), even);
-                    _mm512_storeu_ps(row + d, _mm512_mul_ps(_mm512_add_ps(even, odd), _mm512_set1_ps(inverse)));
-                }
-            }
+/* One head of one sequence (rows start .. start + length - 1 of qkv): softmax(q k^T * scale) v into the same rows of
+ * out. `scratch` holds (head_dim + 1) x (length rounded up to 16) floats: the head's keys transposed and scaled, so
+ * that 16 keys' scores are head_dim multiply-adds of whole vectors, and one row of scores. head_dim must be a
+ * multiple of 16 (checked by the caller), so also of 4. */
+static void attend_head(const float *qkv, int64_t start, int64_t length, int64_t h, int64_t heads, int64_t head_dim,
+                        float scale, float *out, float *scratch) {
+    const int64_t hidden = heads * head_dim, stride = 3 * hidden, padded = (length + LANES - 1) / LANES * LANES;
+    const float *base = qkv + start * stride;
+    float *out_base = out + start * hidden;
+    float *keys_t = scratch, *scores = scratch + head_dim * padded;
+    const float *keys = base + hidden + h * head_dim, *values = base + 2 * hidden + h * head_dim;
+    for (int64_t d = 0; d < head_dim; d++) {
+        for (int64_t j = 0; j < length; j++) keys_t[d * padded + j] = keys[j * stride + d] * scale;
+        for (int64_t j = length; j < padded; j++) keys_t[d * padded + j] = 0.0f;
+    }
+    for (int64_t i = 0; i < length; i++) {
+        const float *query = base + i * stride + h * head_dim;
+        __m512 top = _mm512_set1_ps(-3.0e38f);
+        for (int64_t j = 0; j < padded; j += LANES) {
+            /* Four independent sums (d mod 4): one chain of dependent multiply-adds would wait on the
+             * previous one's latency at every step. */
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (int64_t d = 0; d < head_dim; d += 4)
+                for (int u = 0; u < 4; u++)
+                    acc[u] = _mm512_fmadd_ps(_mm512_set1_ps(query[d + u]),
+                                             _mm512_loadu_ps(keys_t + (d + u) * padded + j), acc[u]);
+            const __m512 dot = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+            _mm512_storeu_ps(scores + j, dot);
+            top = _mm512_mask_max_ps(top, lanes_below(length - j), top, dot);
         }
+        const __m512 row_max = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+        __m512 sums = _mm512_setzero_ps();
+        for (int64_t j = 0; j < padded; j += LANES) {
+            const __m512 e = _mm512_maskz_mov_ps(lanes_below(length - j),
+                                                 exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + j), row_max)));
+            _mm512_storeu_ps(scores + j, e);
+            sums = _mm512_add_ps(sums, e);
+        }
+        const float inverse = 1.0f / _mm512_reduce_add_ps(sums);
+        float *row = out_base + i * hidden + h * head_dim;
+        for (int64_t d = 0; d < head_dim; d += LANES) {
+            __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();  /* two chains, as above */
+            int64_t j = 0;
+            for (; j + 1 < length; j += 2) {
+                even = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(values + j * stride + d), even);
+                odd = _mm512_fmadd_ps(_mm512_set1_ps(scores[j + 1]),
+                                      _mm512_loadu_ps(values + (j + 1) * stride + d), odd);
+            }
+            if (j < length)
+                even = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), _mm512_loadu_ps(values + j * stride + d), even);
+            _mm512_storeu_ps(row + d, _mm512_mul_ps(_mm512_add_ps(even, odd), _mm512_set1_ps(inverse)));
+        }
+    }
+}
+
+/* Thread `me` of `team`'s share of attention over `count` sequences (rows starts[s] .. starts[s] + lengths[s] - 1 of
+ * qkv) and every head: a run of (sequence, head) pairs, with `scratch` of its own. */
+static void attention_share(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count,
+                            int64_t heads, int64_t head_dim, float scale, float *out, float *scratch, int64_t me,
+                            int64_t team) {
+    const int64_t pairs = count * heads;
+    for (int64_t pair = pairs * me / team; pair < pairs * (me + 1) / team; pair++)
+        attend_head(qkv, starts[pair / heads], lengths[pair / heads], pair % heads, heads, head_dim, scale, out,
+                    scratch);
+}
+
+/* Attention of every head of `count` packed sequences, each attending to itself alone, on up to `threads` threads
+ * (OpenMP's: torch's own pool, as in int8_vnni.c). Layout: qkv (tokens, 3 * hidden) float32 rows, query | key |
+ * value, each heads x head_dim; out (tokens, hidden). `scratch` holds `scratch_floats` = (head_dim + 1) x (the
+ * longest length rounded up to 16) floats for each thread. */
+void attend_packed(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count, int64_t heads,
+                   int64_t head_dim, float scale, float *out, float *scratch, int64_t scratch_floats,
+                   int64_t threads) {
+    if (threads > count * heads) threads = count * heads;
+    if (threads <= 1) {
+        attention_share(qkv, starts, lengths, count, heads, head_dim, scale, out, scratch, 0, 1);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        const int64_t me = omp_get_thread_num();
+        attention_share(qkv, starts, lengths, count, heads, head_dim, scale, out, scratch + me * scratch_floats, me,
+                        omp_get_num_threads());
     }
 }

@@ -28,7 +28,8 @@ class Kernel:
     def __init__(self, library: ctypes.CDLL):
         pointer, size = ctypes.c_void_p, ctypes.c_int64
         self._attend = library.attend_packed
-        self._attend.argtypes = [pointer, pointer, pointer, size, size, size, ctypes.c_float, pointer, pointer]
+        self._attend.argtypes = [pointer, pointer, pointer, size, size, size, ctypes.c_float, pointer, pointer, size,
+                                 size]
         self._attend.restype = None
 
     @staticmethod
@@ -45,9 +46,11 @@ class Kernel:
                 starts.dtype != torch.int64 or lengths.dtype != torch.int64:
             raise ValueError(f"the attention kernel takes contiguous float32 (N, 3H) rows with heads of a multiple "
                              f"of {LANES}, not {tuple(qkv.shape)} {qkv.dtype} with {num_heads} x {head_dim}")
-        scratch = torch.empty((head_dim + 1) * (-(-longest // LANES) * LANES))
+        threads = torch.get_num_threads()
+        per_thread = (head_dim + 1) * (-(-longest // LANES) * LANES)
+        scratch = torch.empty(threads * per_thread)
         self._attend(qkv.data_ptr(), starts.data_ptr(), lengths.data_ptr(), len(starts), num_heads, head_dim,
-                     head_dim ** -0.5, out.data_ptr(), scratch.data_ptr())
+                     head_dim ** -0.5, out.data_ptr(), scratch.data_ptr(), per_thread, threads)
 
 
 def _check(candidate: Kernel) -> None:

@@ -1,16 +1,17 @@
-"""int8 matrix products for the few rows of a query, on CPUs with AVX512-VNNI (`model/int8_vnni.c`).
+"""The int8 layers' matrix products on CPUs with AVX512-VNNI (`model/int8_vnni.c`), faster than `torch._int_mm` at
+every row count, most at the few rows of a query.
 
 Built and loaded at first use (`model.native`). Before first use, its products are checked against
 `torch._int_mm` on shapes that exercise every row and column tail; they must be equal bit for bit.
 `kernel()` is None (and `torch._int_mm` serves, with the same results) where it cannot run: not x86-64 Linux,
 no AVX512-VNNI, no compiler, a failed build or check. `why_not()` then says which.
 
-When it runs: the kernel is single-threaded. Against `torch._int_mm` on the shapes of all-MiniLM-L6-v2's 24
-products (BENCHMARKS.md, "One query at a time on a CPU"): on one thread it is faster at every row count measured
-(0.20x the time at 1 row, 0.68x at 34, 0.92x at 256); against `_int_mm` on two threads it is faster up to about 32
-rows (0.79x at 17, 1.03x at 34), so with more than one thread it takes at most `MULTI_THREAD_MAX_ROWS` rows. Each
-layer keeps both the packed copy and `_int_mm`'s, so int8 weights take twice their size (21 MB for all-MiniLM-L6-v2's
-encoder instead of 11).
+When it runs: always, on torch's thread count (OpenMP, torch's own pool: see the C file). Against `torch._int_mm` on
+the shapes of all-MiniLM-L6-v2's 24 products (BENCHMARKS.md, "One query at a time on a CPU"): on one thread 0.24x
+its time at 1 row, 0.76x at 34, 0.93x at 256, 0.99x at 2048; on two threads 0.51x at 34, 0.81x at 256, 0.96x at 2048
+(BERT-base's shapes: 0.74x at 34 rows, 0.92x at 1024). Each layer keeps both the packed copy and `_int_mm`'s (the
+path where the kernel cannot run, and the layer's saved state), so int8 weights take twice their size (21 MB for
+all-MiniLM-L6-v2's encoder instead of 11).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import torch
 from model import native
 
 SOURCE_NAME = "int8_vnni.c"
-MULTI_THREAD_MAX_ROWS = 32  # against torch._int_mm on two threads: 0.79x its time at 17 rows, 1.03x at 34
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Kernel:
         self._pack = library.pack_weights
         self._pack.argtypes, self._pack.restype = [pointer, size, size, pointer, pointer], None
         self._matmul = library.matmul_packed
-        self._matmul.argtypes, self._matmul.restype = [pointer, size, size, pointer, pointer, size, pointer], None
+        self._matmul.argtypes, self._matmul.restype = [pointer, size, size, pointer, pointer, size, pointer, size], None
 
     @staticmethod
     def fits(in_features: int) -> bool:
@@ -65,20 +65,16 @@ class Kernel:
         return PackedWeights(packed, correction, k, n)
 
     def matmul(self, rows: torch.Tensor, weights: PackedWeights) -> torch.Tensor:
-        """rows (m, k) int8, contiguous -> (m, n) int32 products, equal to torch._int_mm(rows, weight_t).
-        ctypes lets go of the GIL for the call, as torch's own kernels do."""
+        """rows (m, k) int8, contiguous -> (m, n) int32 products, equal to torch._int_mm(rows, weight_t), on torch's
+        thread count. ctypes lets go of the GIL for the call, as torch's own kernels do."""
         m, k = rows.shape
         if k != weights.in_features or rows.dtype != torch.int8 or not rows.is_contiguous():
             raise ValueError(f"the VNNI kernel takes contiguous int8 rows of {weights.in_features}, "
                              f"not {tuple(rows.shape)} {rows.dtype}")
         out = torch.empty(m, weights.out_features, dtype=torch.int32)
         self._matmul(rows.data_ptr(), m, k, weights.packed.data_ptr(), weights.correction.data_ptr(),
-                     weights.out_features, out.data_ptr())
+                     weights.out_features, out.data_ptr(), torch.get_num_threads())
         return out
-
-    def serves(self, rows: int) -> bool:
-        """Whether `rows` rows run faster here than in torch._int_mm with torch's current thread count."""
-        return torch.get_num_threads() == 1 or rows <= MULTI_THREAD_MAX_ROWS
 
 
 def _check(candidate: Kernel) -> None:

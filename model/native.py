@@ -20,6 +20,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,9 +31,13 @@ log = logging.getLogger("model")
 # in the modules that use them, so that this file alone (standard library only) builds them all: `python
 # model/native.py` is how the Docker image builds its kernels, in a stage that has a compiler and no torch.
 KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "int8_vnni.c": (("-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni"), ("avx512f", "avx512bw", "avx512_vnni")),
-    "attention_cpu.c": (("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"),
+    "int8_vnni.c": (("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vnni"),
+                    ("avx512f", "avx512bw", "avx512_vnni")),
+    "attention_cpu.c": (("-O3", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"),
                         ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    # includes the two above (a library of its own: one call a layer)
+    "int8_layer.c": (("-O3", "-fopenmp", "-fno-math-errno", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                      "-mavx512vnni"), ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")),
 }
 
 
@@ -49,9 +54,24 @@ def load(source_name: str) -> ctypes.CDLL:
     if missing:
         raise NativeUnavailable(f"this CPU lacks {', '.join(missing)}")
     try:
-        return ctypes.CDLL(str(build(source_name, flags)))
+        library = ctypes.CDLL(str(build(source_name, flags)))
     except OSError as exc:
         raise NativeUnavailable(f"{source_name} did not load: {exc}") from None
+    runtimes = openmp_runtimes()
+    if "-fopenmp" in flags and len(runtimes) > 1:
+        # Its threads would spin against torch's on the same cores; torch's kernels serve instead.
+        raise NativeUnavailable(f"{source_name} loaded an OpenMP runtime other than torch's: {', '.join(runtimes)}")
+    return library
+
+
+def openmp_runtimes() -> list[str]:
+    """The OpenMP runtime libraries mapped into this process (torch's; a kernel built with -fopenmp must find that
+    same one: torch loads its libgomp.so.1 into the global namespace, where the kernel's libgomp.so.1 resolves)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    return sorted({line.split()[-1] for line in maps.splitlines() if "libgomp" in line or "libiomp" in line})
 
 
 class FirstUse:
@@ -61,11 +81,18 @@ class FirstUse:
 
     def __init__(self, source_name: str, make: Callable, check: Callable, fallback: str):
         self.source_name, self.make, self.check, self.fallback = source_name, make, check, fallback
-        self.asked, self.kernel, self.reason = False, None, None
+        self.asked, self.checking, self.kernel, self.reason = False, False, None, None
+        # Another thread's first call waits for the build and check; a call from within the check itself (which
+        # may build models that ask for this kernel) gets None.
+        self.lock = threading.RLock()
 
     def __call__(self):
-        if not self.asked:
-            self.asked = True
+        if self.asked:
+            return self.kernel
+        with self.lock:
+            if self.asked or self.checking:
+                return self.kernel
+            self.checking = True
             try:
                 candidate = self.make(load(self.source_name))
                 self.check(candidate)
@@ -73,6 +100,8 @@ class FirstUse:
             except NativeUnavailable as exc:
                 self.reason = str(exc)
                 log.info("%s (%s)", self.fallback, exc)
+            finally:
+                self.checking, self.asked = False, True
         return self.kernel
 
     def why_not(self) -> str | None:
@@ -92,7 +121,8 @@ def build(source_name: str, flags: tuple[str, ...]) -> Path:
     """The built library of `model/<source_name>`, built now unless a kernel directory holds it already."""
     source = HERE / source_name
     compiler = os.environ.get("CC", "cc")
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in _sources(source)) + " ".join(flags).encode())
+    digest = digest.hexdigest()[:16]
     name = f"{source.stem}-{digest}.so"
     for directory in kernel_directories():
         if (directory / name).is_file():
@@ -122,6 +152,14 @@ def build(source_name: str, flags: tuple[str, ...]) -> Path:
             Path(partial.name).unlink(missing_ok=True)
         return directory / name
     raise NativeUnavailable(f"no writable directory to build {source.name} in (set BERT_KERNEL_DIR)")
+
+
+def _sources(source: Path) -> list[Path]:
+    """`source` and the files of this directory it includes (`#include "name.c"`, one level): a change to any of
+    them makes another library."""
+    included = [source.parent.joinpath(line.split('"')[1]) for line in source.read_text().splitlines()
+                if line.startswith('#include "')]
+    return [source, *included]
 
 
 def kernel_directories() -> list[Path]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from model import int8_kernels, int8_vnni
+from model import int8_kernels, int8_layer, int8_vnni
 from model.bert import BertForPreTraining, BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput
 from model.int8_kernels import QuantizedRows
 
@@ -47,7 +47,7 @@ class Int8Linear(nn.Module):
 
     With numba (`model.int8_kernels.AVAILABLE`) quantization and dequantization each run as one fused
     pass; x may then also arrive already quantized (`QuantizedRows`, from `Int8GeluIntermediate`). On CPUs with
-    AVX512-VNNI the products of few rows run in `model.int8_vnni`'s kernel, whose products equal `_int_mm`'s."""
+    AVX512-VNNI the products run in `model.int8_vnni`'s kernel, whose products equal `_int_mm`'s."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smoothing: torch.Tensor | None = None):
         super().__init__()
@@ -93,11 +93,10 @@ class Int8Linear(nn.Module):
         return int8_kernels.quantize_rows(x, self.input_scale_array)
 
     def products(self, x: QuantizedRows) -> torch.Tensor:
-        """The int32 products of quantized rows and the int8 weights: (rows, out) from the VNNI kernel where it is
-        the faster, else `_int_mm`'s, whose rows are padded as it wants."""
-        vnni = self.vnni
-        if vnni is not None and vnni.serves(x.rows):
-            return vnni.matmul(x.values[:x.rows], self.packed)
+        """The int32 products of quantized rows and the int8 weights: (rows, out) from the VNNI kernel where it
+        runs, else `_int_mm`'s, whose rows are padded as it wants."""
+        if self.vnni is not None:
+            return self.vnni.matmul(x.values[:x.rows], self.packed)
         return torch._int_mm(x.values, self.weight_t)
 
     def from_quantized(self, x: QuantizedRows) -> torch.Tensor:
@@ -217,7 +216,8 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
     per-token schemes fuse each layer's query, key and value into one int8 product (one quantization of
     their shared input, one smoothing vector for the three weights), and, with the fused kernels and an
     exact-GELU model, each feed-forward's GELU into its layers' quantization (`Int8GeluIntermediate`) and each
-    sublayer's residual add and LayerNorm into its output's dequantization (`Int8ResidualNorm`)."""
+    sublayer's residual add and LayerNorm into its output's dequantization (`Int8ResidualNorm`); where
+    `model.int8_layer`'s C layer runs, each layer so made runs as one call for short inputs (`Int8FusedLayer`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown int8 scheme {scheme!r}; choose one of {SCHEMES}")
     smooth = scheme.endswith("smooth")
@@ -261,6 +261,7 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
                 if isinstance(module, (BertSelfOutput, BertOutput)) and isinstance(module.dense, Int8Linear) and \
                         module.LayerNorm.elementwise_affine and module.LayerNorm.bias is not None:
                     setattr(parent, sublayer, Int8ResidualNorm(module.dense, module.LayerNorm))
+        int8_layer.fuse_layers(model)  # where the C layer runs: each such layer as one call for short inputs
     return model
 
 

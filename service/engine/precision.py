@@ -11,8 +11,9 @@
   float32 (top-1 agreement 98.7% vs 97.0%) with no conversions in and out of each int8 layer
   (BENCHMARKS.md). With numba (pinned in the requirements) the int8 layers' quantization, dequantization
   and the feed-forward's GELU run as fused kernels (`model.int8_kernels`); without it, as eager PyTorch.
-  On CPUs with AVX512-VNNI and a C compiler, the products of few rows run in `model.int8_vnni`'s kernel
-  (the same integers as torch._int_mm, faster for a query's few tokens); /info says which products run.
+  On CPUs with AVX512-VNNI and a C compiler, the products run in `model.int8_vnni`'s kernel (the same integers
+  as torch._int_mm, faster, most of all for a query's few tokens), and each encoder layer runs as one C call
+  (`model.int8_layer`); /info says which of these run.
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ def choose(choice: str, device: torch.device) -> Precision:
         if not int8_kernels.AVAILABLE:
             log.warning("--dtype int8: numba is not installed, so int8 runs without its fused kernels (about 15% "
                         "slower; model/int8_kernels.py)")
-        from model import int8_vnni
+        from model import int8_layer, int8_vnni
 
-        products = "VNNI products for few rows" if int8_vnni.kernel() is not None else \
-            f"torch._int_mm products: {int8_vnni.why_not()}"
+        if int8_vnni.kernel() is None:
+            products = f"torch._int_mm products: {int8_vnni.why_not()}"
+        elif int8_layer.kernel() is None:
+            products = f"VNNI products; layers as modules: {int8_layer.why_not()}"
+        else:
+            products = "VNNI products; each layer in one C call"
         return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere; "
                          f"{kernels}; {products})", torch.float32)
     if choice == "auto":

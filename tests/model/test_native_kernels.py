@@ -5,13 +5,14 @@ attention within float rounding), used by the model where they serve, and torch'
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from model import attention_kernel, int8_vnni, native
+from model import attention_kernel, int8_layer, int8_vnni, native
 from model.attention import attend_on_cpu
 from model.packing import Packing
 from model.quantize import Int8Linear, quantize
@@ -52,7 +53,8 @@ def test_vnni_refuses_what_it_cannot_compute():
 
 
 @needs_vnni
-def test_int8_model_gives_the_same_embeddings_with_and_without_the_vnni_kernel(tokenizer):
+def test_int8_model_gives_the_same_embeddings_with_and_without_the_vnni_kernel(tokenizer, monkeypatch):
+    monkeypatch.setattr(int8_layer, "kernel", lambda: None)  # the layers' modules, each product through the kernel
     model = quantize(random_model(tokenizer.vocab_size), "per-token")
     layers = [module for module in model.modules() if isinstance(module, Int8Linear)]
     assert layers and all(layer.vnni is VNNI for layer in layers)
@@ -67,16 +69,36 @@ def test_int8_model_gives_the_same_embeddings_with_and_without_the_vnni_kernel(t
     assert torch.equal(with_kernel, without)  # the integer products are equal, and all else is the same code
 
 
-@needs_vnni
-def test_vnni_serves_few_rows_on_several_threads_and_all_rows_on_one():
-    threads = torch.get_num_threads()
+@contextmanager
+def torch_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
     try:
-        torch.set_num_threads(2)
-        assert VNNI.serves(int8_vnni.MULTI_THREAD_MAX_ROWS) and not VNNI.serves(int8_vnni.MULTI_THREAD_MAX_ROWS + 1)
-        torch.set_num_threads(1)
-        assert VNNI.serves(10_000)
+        yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
+
+
+@needs_vnni
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("m, k, n", [(1, 384, 1152), (34, 384, 384), (100, 64, 80), (13, 96, 17), (7, 1536, 384)])
+def test_vnni_products_on_several_threads_equal_one_thread(threads, m, k, n):
+    """Each thread takes a run of column blocks, and each block's row tiles too where threads outnumber blocks
+    (8 threads over 80 columns: 2 blocks of 17 row tiles)."""
+    generator = torch.Generator().manual_seed(m + k + n)
+    packed = VNNI.pack(torch.randint(-127, 128, (k, n), dtype=torch.int8, generator=generator))
+    rows = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=generator)
+    with torch_threads(1):
+        alone = VNNI.matmul(rows, packed)
+    with torch_threads(threads):
+        assert torch.equal(VNNI.matmul(rows, packed), alone)
+
+
+@pytest.mark.skipif(VNNI is None and ATTENTION is None, reason="no C kernel here")
+def test_the_kernels_share_torchs_openmp_runtime():
+    """Two OpenMP thread pools on the same cores would spin against each other: the kernels' libgomp must be the
+    one torch loaded."""
+    assert len(native.openmp_runtimes()) == 1, native.openmp_runtimes()
 
 
 def packed_qkv(lengths: list[int], heads: int, head_dim: int, seed: int = 0) -> tuple[torch.Tensor, Packing]:
@@ -104,6 +126,20 @@ def test_attention_kernel_matches_sdpa_sequence_by_sequence(heads, head_dim, len
 
 
 @needs_attention
+@pytest.mark.parametrize("threads", [2, 5])
+def test_attention_kernel_on_several_threads_equals_one_thread(threads):
+    """The threads split (sequence, head) pairs, each with scratch of its own: 3 sequences x 4 heads."""
+    heads, head_dim = 4, 16
+    qkv, packing = packed_qkv([30, 1, 17], heads, head_dim, seed=5)
+    alone, together = (torch.full((qkv.shape[0], heads * head_dim), float("nan")) for _ in range(2))
+    with torch_threads(1):
+        ATTENTION.attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, alone)
+    with torch_threads(threads):
+        ATTENTION.attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, together)
+    assert torch.equal(together, alone)
+
+
+@needs_attention
 def test_attend_on_cpu_mixes_the_kernel_for_short_sequences_with_torch_for_long_ones():
     heads, head_dim = 4, 16
     lengths = [attention_kernel.MAX_LENGTH + 30, 7, 3, attention_kernel.MAX_LENGTH + 1, 50]
@@ -127,6 +163,15 @@ def test_attention_kernel_is_not_used_when_gradients_are_asked_for(monkeypatch):
     monkeypatch.setattr(ATTENTION, "attend", no_call)
     got = attend_on_cpu(qkv.requires_grad_(True), packing, heads, head_dim)
     assert got is not None and got.grad_fn is not None  # torch's attention, one call per sequence
+
+
+@pytest.mark.skipif(VNNI is None, reason="no VNNI kernel here")
+def test_native_load_refuses_a_second_openmp_runtime(monkeypatch):
+    """Where a kernel's libgomp.so.1 is not torch's (a torch built with another OpenMP), torch's kernels serve."""
+    monkeypatch.setattr(native, "openmp_runtimes",
+                        lambda: ["/torch/lib/libgomp-a34b3233.so.1", "/usr/lib/libgomp.so.1"])
+    with pytest.raises(native.NativeUnavailable, match="an OpenMP runtime other than torch's: /torch/lib/libgomp-a34b"):
+        native.load(int8_vnni.SOURCE_NAME)
 
 
 def test_native_load_explains_a_cpu_without_the_features(monkeypatch):
@@ -167,6 +212,7 @@ def test_without_the_kernels_the_int8_model_still_runs_through_torch(monkeypatch
     monkeypatch.setattr(attention_kernel, "kernel", lambda: None)
     model = quantize(random_model(tokenizer.vocab_size), "per-token")
     assert all(layer.vnni is None for layer in model.modules() if isinstance(layer, Int8Linear))
+    assert not any(isinstance(layer, int8_layer.Int8FusedLayer) for layer in model.bert.encoder.layer)
     ids = torch.randint(5, tokenizer.vocab_size, (12,), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         out, _ = model.encode_packed(ids, torch.zeros_like(ids), Packing.from_lengths([12]), for_heads=False)
@@ -210,3 +256,34 @@ def test_first_use_builds_once_and_keeps_the_reason_a_kernel_cannot_run(monkeypa
     assert failing.why_not() == "its products differ from torch's"
     working = native.FirstUse("other.c", lambda library: ("wrapped", library), lambda candidate: None, "torch's")
     assert working()[0] == "wrapped" and working() is working() and working.why_not() is None
+
+
+def test_a_kernel_is_missing_only_where_it_cannot_run():
+    """The kernels' tests skip where a kernel is missing; a kernel that fails its own check at first use must fail
+    here instead of passing as "cannot run on this machine"."""
+    for module in (int8_vnni, attention_kernel, int8_layer):
+        module.kernel()
+        reason = module.why_not()
+        assert reason is None or reason.startswith(("this CPU lacks", "no C compiler", "the C kernels are for",
+                                                    "cannot read the CPU's flags")), reason
+
+
+def test_first_use_from_several_threads_builds_once_and_gives_all_the_kernel(monkeypatch):
+    import threading
+    import time
+
+    loads, inner = [], []
+    monkeypatch.setattr(native, "load", lambda name: loads.append(name) or "library")
+
+    def slow_check(candidate):
+        inner.append(first_use())  # what the check's own models get: not the kernel being checked
+        time.sleep(0.2)
+
+    first_use = native.FirstUse("some.c", lambda library: ("wrapped", library), slow_check, "torch's")
+    got = []
+    callers = [threading.Thread(target=lambda: got.append(first_use())) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert loads == ["some.c"] and inner == [None] and got == [("wrapped", "library")] * 4

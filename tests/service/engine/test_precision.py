@@ -69,8 +69,15 @@ def test_int8_says_whether_its_fused_kernels_run(monkeypatch, caplog):
 def test_int8_says_which_products_run(monkeypatch):
     from model import int8_vnni
 
+    from model import int8_layer
+
     monkeypatch.setattr(int8_vnni, "kernel", lambda: object())
-    assert choose("int8", torch.device("cpu")).name.endswith("; VNNI products for few rows)")
+    monkeypatch.setattr(int8_layer, "kernel", lambda: object())
+    assert choose("int8", torch.device("cpu")).name.endswith("; VNNI products; each layer in one C call)")
+    monkeypatch.setattr(int8_layer, "kernel", lambda: None)
+    monkeypatch.setattr(int8_layer, "why_not", lambda: "no C compiler (cc) to build int8_layer.c")
+    assert choose("int8", torch.device("cpu")).name.endswith("; VNNI products; layers as modules: no C compiler "
+                                                            "(cc) to build int8_layer.c)")
     monkeypatch.setattr(int8_vnni, "kernel", lambda: None)
     monkeypatch.setattr(int8_vnni, "why_not", lambda: "this CPU lacks avx512_vnni")
     assert choose("int8", torch.device("cpu")).name.endswith("; torch._int_mm products: this CPU lacks avx512_vnni)")
