@@ -11,10 +11,11 @@
  *                                    -> products -> dequantize + bias + residual h, LayerNorm -> out
  *
  * Row-wise steps split the rows between the threads, products their column blocks, attention its (sequence, head)
- * pairs; a barrier separates the steps. Every step computes what model/int8_kernels.py's numba kernels compute, in
- * the same formulas: rounding half away from zero, GELU by erf (Abramowitz & Stegun 7.1.28), LayerNorm's mean and
- * variance summed in double precision. The sums run in another order, so results agree to float rounding, and a
- * value that lands within rounding of a quantization step may take the neighbouring one.
+ * pairs; a barrier separates the steps. Every step but attention runs over chunks of CHUNK_ROWS rows. Every step
+ * computes what model/int8_kernels.py's numba kernels compute, in the same formulas: rounding half away from zero,
+ * GELU by erf (Abramowitz & Stegun 7.1.28), LayerNorm's mean and variance summed in double precision. The sums run
+ * in another order, so results agree to float rounding, and a value that lands within rounding of a quantization
+ * step may take the neighbouring one.
  *
  * The threads are OpenMP's, shared with torch (see int8_vnni.c).
  */
@@ -39,15 +40,22 @@ typedef struct {
     int64_t heads, head_dim;
 } Int8Layer;
 
-/* The buffers of one call, carved out of one workspace (64-byte aligned pieces). */
+/* Rows per pass of the row-wise steps. All of a batch's rows at once made each step stream its int32 products
+ * (rows x 1536 x 4 bytes for all-MiniLM-L6-v2's feed-forward) through memory, and the workspace outgrow what malloc
+ * keeps for reuse: at 128 sentences of 30 tokens one layer took twice the modules' time. 192 rows' products are
+ * 1.2 MB. A multiple of the products' row tile (6). */
+#define CHUNK_ROWS 192
+
+/* The buffers of one call, carved out of one workspace (64-byte aligned pieces): whole-batch ones for attention's
+ * input and output, a chunk's worth for the rest. */
 typedef struct {
-    int8_t *quantized;   /* rows x max(hidden, intermediate) */
-    float *row_scale;    /* rows */
-    int32_t *products;   /* rows x max(3 hidden, intermediate) */
+    int8_t *quantized;   /* chunk x max(hidden, intermediate) */
+    float *row_scale;    /* chunk */
+    int32_t *products;   /* chunk x max(3 hidden, intermediate) */
+    float *middle;       /* chunk x hidden: the attention sublayer's output */
     float *qkv;          /* rows x 3 hidden */
     float *attended;     /* rows x hidden */
-    float *middle;       /* rows x hidden: the attention sublayer's output */
-    float *per_thread;   /* threads x per_thread_floats: a quantization buffer, then attention's scratch */
+    float *per_thread;   /* threads x per_thread_floats: a quantization buffer, or attention's scratch */
     int64_t per_thread_floats;
 } Buffers;
 
@@ -58,18 +66,19 @@ static Buffers carve(const Int8Layer *layer, int64_t rows, int64_t longest, int6
     const int64_t hidden = layer->heads * layer->head_dim, inner = layer->expand.out_features;
     const int64_t widest_in = hidden > inner ? hidden : inner, widest_out = 3 * hidden > inner ? 3 * hidden : inner;
     const int64_t attention_floats = (layer->head_dim + 1) * ((longest + LANES - 1) / LANES * LANES);
+    const int64_t chunk = rows < CHUNK_ROWS ? rows : CHUNK_ROWS;
     Buffers b;
     /* whole cache lines apart, so that no two threads write the same line */
     b.per_thread_floats = ((attention_floats > widest_in ? attention_floats : widest_in) + 15) / 16 * 16 + 16;
     int64_t offset = 0;
 #define PIECE(field, type, count) \
     b.field = (type *)(workspace ? workspace + offset : 0); offset += round_up((int64_t)sizeof(type) * (count));
-    PIECE(quantized, int8_t, rows * widest_in)
-    PIECE(row_scale, float, rows)
-    PIECE(products, int32_t, rows * widest_out)
+    PIECE(quantized, int8_t, chunk * widest_in)
+    PIECE(row_scale, float, chunk)
+    PIECE(products, int32_t, chunk * widest_out)
+    PIECE(middle, float, chunk * hidden)
     PIECE(qkv, float, rows * 3 * hidden)
     PIECE(attended, float, rows * hidden)
-    PIECE(middle, float, rows * hidden)
     PIECE(per_thread, float, threads * b.per_thread_floats)
 #undef PIECE
     *size = offset;
@@ -193,39 +202,49 @@ void int8_layer(const Int8Layer *layer, const float *x, int64_t rows, const int6
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         const int64_t me = omp_get_thread_num(), team = omp_get_num_threads();
-        const int64_t first = rows * me / team, last = rows * (me + 1) / team;
         float *mine = b.per_thread + me * b.per_thread_floats;
-
-        quantize_rows(x, first, last, layer->qkv.input_scale, hidden, mine, b.quantized, b.row_scale);
+        /* (Each chunk's row-wise steps take rows first .. last - 1 of the chunk; the helpers index from the
+         * chunk's first row.) */
+        for (int64_t start = 0; start < rows; start += CHUNK_ROWS) {
+            const int64_t n = rows - start < CHUNK_ROWS ? rows - start : CHUNK_ROWS;
+            const int64_t first = n * me / team, last = n * (me + 1) / team;
+            quantize_rows(x + start * hidden, first, last, layer->qkv.input_scale, hidden, mine, b.quantized,
+                          b.row_scale);
 #pragma omp barrier
-        products_share(b.quantized, rows, hidden, layer->qkv.packed, layer->qkv.correction, 3 * hidden, b.products,
-                       me, team);
+            products_share(b.quantized, n, hidden, layer->qkv.packed, layer->qkv.correction, 3 * hidden, b.products,
+                           me, team);
 #pragma omp barrier
-        dequantize_rows(b.products, first, last, b.row_scale, &layer->qkv, b.qkv);
+            dequantize_rows(b.products, first, last, b.row_scale, &layer->qkv, b.qkv + start * 3 * hidden);
 #pragma omp barrier
+        }
         attention_share(b.qkv, starts, lengths, count, layer->heads, layer->head_dim, scale, b.attended, mine, me,
                         team);
 #pragma omp barrier
-        quantize_rows(b.attended, first, last, layer->attention_output.input_scale, hidden, mine, b.quantized,
-                      b.row_scale);
+        for (int64_t start = 0; start < rows; start += CHUNK_ROWS) {
+            const int64_t n = rows - start < CHUNK_ROWS ? rows - start : CHUNK_ROWS;
+            const int64_t first = n * me / team, last = n * (me + 1) / team;
+            quantize_rows(b.attended + start * hidden, first, last, layer->attention_output.input_scale, hidden,
+                          mine, b.quantized, b.row_scale);
 #pragma omp barrier
-        products_share(b.quantized, rows, hidden, layer->attention_output.packed, layer->attention_output.correction,
-                       hidden, b.products, me, team);
+            products_share(b.quantized, n, hidden, layer->attention_output.packed,
+                           layer->attention_output.correction, hidden, b.products, me, team);
 #pragma omp barrier
-        residual_norm_rows(b.products, first, last, b.row_scale, &layer->attention_output, x, layer->norm1_weight,
-                           layer->norm1_bias, layer->norm1_eps, b.middle);
-        quantize_rows(b.middle, first, last, layer->expand.input_scale, hidden, mine, b.quantized, b.row_scale);
+            residual_norm_rows(b.products, first, last, b.row_scale, &layer->attention_output, x + start * hidden,
+                               layer->norm1_weight, layer->norm1_bias, layer->norm1_eps, b.middle);
+            quantize_rows(b.middle, first, last, layer->expand.input_scale, hidden, mine, b.quantized, b.row_scale);
 #pragma omp barrier
-        products_share(b.quantized, rows, hidden, layer->expand.packed, layer->expand.correction, inner, b.products,
-                       me, team);
+            products_share(b.quantized, n, hidden, layer->expand.packed, layer->expand.correction, inner,
+                           b.products, me, team);
 #pragma omp barrier
-        gelu_quantize_rows(b.products, first, last, b.row_scale, &layer->expand, layer->contract.input_scale, mine,
-                           b.quantized);
+            gelu_quantize_rows(b.products, first, last, b.row_scale, &layer->expand, layer->contract.input_scale,
+                               mine, b.quantized);
 #pragma omp barrier
-        products_share(b.quantized, rows, inner, layer->contract.packed, layer->contract.correction, hidden,
-                       b.products, me, team);
+            products_share(b.quantized, n, inner, layer->contract.packed, layer->contract.correction, hidden,
+                           b.products, me, team);
 #pragma omp barrier
-        residual_norm_rows(b.products, first, last, b.row_scale, &layer->contract, b.middle, layer->norm2_weight,
-                           layer->norm2_bias, layer->norm2_eps, out);
+            residual_norm_rows(b.products, first, last, b.row_scale, &layer->contract, b.middle,
+                               layer->norm2_weight, layer->norm2_bias, layer->norm2_eps, out + start * hidden);
+#pragma omp barrier
+        }
     }
 }

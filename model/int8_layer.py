@@ -143,7 +143,7 @@ CHECK_TOLERANCE = 0.05
 
 
 def _check(candidate: Kernel) -> None:
-    """The C layer against the modules, on a small random int8 layer (4 heads of 16, sequences of 1-130 tokens), on
+    """The C layer against the modules, on a small random int8 layer (4 heads of 16, five sequences of 1-130 tokens), on
     one thread and on three."""
     from model.bert import BertConfig, BertForPreTraining
     from model.quantize import quantize
@@ -161,7 +161,7 @@ def _check(candidate: Kernel) -> None:
     if int8_vnni.kernel() is None or not fusable(layer):
         raise native.NativeUnavailable(f"the int8 layer needs the VNNI kernel: {int8_vnni.why_not()}")
     fused = Int8FusedLayer(layer, candidate)
-    packing = Packing.from_lengths([40, 1, 130, 5])
+    packing = Packing.from_lengths([40, 1, 130, 5, 60])  # 236 rows: two chunks of the row-wise steps
     x = torch.randn(int(packing.lengths.sum()), config.hidden_size) * 2
     before = torch.get_num_threads()
     try:

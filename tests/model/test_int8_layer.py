@@ -43,7 +43,8 @@ def test_quantize_fuses_every_layer_and_keeps_the_parameter_names(tokenizer, mon
     assert fused.state_dict().keys() == plain.state_dict().keys()
 
 
-@pytest.mark.parametrize("lengths", [[1], [34], [40, 1, 17, 5], [attention_kernel.MAX_LENGTH + 30, 2]])
+@pytest.mark.parametrize("lengths", [[1], [34], [40, 1, 17, 5], [attention_kernel.MAX_LENGTH + 30, 2],
+                                     [120, 90, 3]])  # the last: two chunks of rows, a sequence across their boundary
 @pytest.mark.parametrize("count", [1, 3])
 def test_the_c_layer_matches_the_layers_modules(tokenizer, threads, lengths, count):
     layer = int8_model(tokenizer).bert.encoder.layer[0]
@@ -60,7 +61,7 @@ def test_the_c_layer_matches_the_layers_modules(tokenizer, threads, lengths, cou
 
 def test_several_threads_and_batching_change_no_bit(tokenizer, threads):
     layer = int8_model(tokenizer).bert.encoder.layer[0]
-    lengths = [30, 1, 17, 120, 5]
+    lengths = [30, 1, 17, 120, 5, 100, 64]  # 337 rows: two chunks
     x, packing = packed_input(lengths, seed=1)
     with torch.inference_mode():
         threads(1)
