@@ -3,12 +3,12 @@
 At one sentence a batch, the Python around an int8 layer (module calls, allocations, twelve kernel calls a layer)
 costs about as much as the layer's arithmetic, and runs on one thread. `Int8FusedLayer` takes the place of a
 `BertLayer` whose parts `model.quantize` made int8 (fused query | key | value, `Int8ResidualNorm` after attention
-and after the feed-forward, `Int8GeluIntermediate` between), keeps those parts (their parameters keep their names),
-and runs the whole layer as one call where it can: packed float32 input, no rows selected (`keep`, for the heads'
-last layer), no gradients asked for. Elsewhere the parts run as before. Faster than the parts at every length
-measured, most at few rows (all-MiniLM-L6-v2's layer, BENCHMARKS.md: 0.70x their time for one 34-token sentence on
-one thread, 0.52x on two; 0.97x and 0.90x for one of 512 tokens), so a sequence gets the same bits alone or in any
-batch.
+and after the feed-forward, `Int8GeluIntermediate` between: `quantize.fusable_into_one_call`), keeps those parts
+(their parameters keep their names), and runs the whole layer as one call where it can: packed float32 input, no
+rows selected (`keep`, for the heads' last layer), no gradients asked for. Elsewhere the parts run as before. Faster
+than the parts at every length measured, most at few rows (all-MiniLM-L6-v2's layer, BENCHMARKS.md: 0.70x their time
+for one 34-token sentence on one thread, 0.52x on two; 0.97x and 0.90x for one of 512 tokens), so a sequence gets
+the same bits alone or in any batch.
 
 The C layer computes what those parts compute, in the same formulas, on torch's thread count (OpenMP, torch's own
 pool). Before first use it is checked against the parts on a small random layer; `kernel()` is None where it cannot
@@ -21,7 +21,7 @@ import ctypes
 
 import torch
 
-from model import attention_kernel, int8_vnni, native
+from model import int8_vnni, native
 from model.bert import BertLayer
 from model.packing import Packing
 
@@ -109,34 +109,6 @@ class Int8FusedLayer(BertLayer):
         return super().forward(x, attn_mask, keep)
 
 
-def fusable(layer: BertLayer) -> bool:
-    """Whether `layer`'s parts are the int8 ones the C layer computes, with packed VNNI weights."""
-    from model.quantize import Int8GeluIntermediate, Int8Linear, Int8ResidualNorm
-
-    attention = layer.attention.self
-    parts = (attention.fused_qkv, layer.attention.output, layer.intermediate, layer.output)
-    if not (isinstance(parts[0], Int8Linear) and isinstance(parts[1], Int8ResidualNorm)
-            and isinstance(parts[2], Int8GeluIntermediate) and isinstance(parts[3], Int8ResidualNorm)):
-        return False
-    denses = (parts[0], parts[1].dense, parts[2].dense, parts[3].dense)
-    return all(dense.packed is not None for dense in denses) and attention_kernel.Kernel.fits(attention.head_dim)
-
-
-def fuse_layers(model) -> int:
-    """Replaces each fusable layer of `model`'s encoder by an Int8FusedLayer; returns how many (0 where the C layer
-    cannot run here)."""
-    loaded = kernel()
-    if loaded is None:
-        return 0
-    layers = model.bert.encoder.layer
-    fused = 0
-    for index, layer in enumerate(layers):
-        if not isinstance(layer, Int8FusedLayer) and fusable(layer):
-            layers[index] = Int8FusedLayer(layer, loaded)
-            fused += 1
-    return fused
-
-
 # Agreement with the layer's parts: outputs are LayerNorm'd (about unit scale); a value within rounding of a
 # quantization step may take the neighbouring step in one of the two, which moves a few outputs by up to ~0.02.
 CHECK_TOLERANCE = 0.05
@@ -146,7 +118,7 @@ def _check(candidate: Kernel) -> None:
     """The C layer against the modules, on a small random int8 layer (4 heads of 16, five sequences of 1-130 tokens), on
     one thread and on three."""
     from model.bert import BertConfig, BertForPreTraining
-    from model.quantize import quantize
+    from model.quantize import fusable_into_one_call, quantize
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
@@ -158,7 +130,7 @@ def _check(candidate: Kernel) -> None:
                 parameter.add_(torch.randn_like(parameter) * 0.1)
     model = quantize(model, "per-token")
     layer = model.bert.encoder.layer[0]
-    if int8_vnni.kernel() is None or not fusable(layer):
+    if int8_vnni.kernel() is None or not fusable_into_one_call(layer):
         raise native.NativeUnavailable(f"the int8 layer needs the VNNI kernel: {int8_vnni.why_not()}")
     fused = Int8FusedLayer(layer, candidate)
     packing = Packing.from_lengths([40, 1, 130, 5, 60])  # 236 rows: two chunks of the row-wise steps

@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from model import int8_kernels, int8_layer, int8_vnni
-from model.bert import BertForPreTraining, BertIntermediate, BertOutput, BertSelfAttention, BertSelfOutput
+from model import attention_kernel, int8_kernels, int8_layer, int8_vnni
+from model.bert import BertForPreTraining, BertIntermediate, BertLayer, BertOutput, BertSelfAttention, \
+    BertSelfOutput
 from model.int8_kernels import QuantizedRows
 
 SCHEMES = ("torch-dynamic", "torch-dynamic-per-channel", "torch-dynamic-smooth", "per-token", "per-token-smooth")
@@ -217,7 +218,7 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
     their shared input, one smoothing vector for the three weights), and, with the fused kernels and an
     exact-GELU model, each feed-forward's GELU into its layers' quantization (`Int8GeluIntermediate`) and each
     sublayer's residual add and LayerNorm into its output's dequantization (`Int8ResidualNorm`); where
-    `model.int8_layer`'s C layer runs, each layer so made runs as one call for short inputs (`Int8FusedLayer`)."""
+    `model.int8_layer`'s C layer runs, each layer so made runs as one call (`Int8FusedLayer`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"unknown int8 scheme {scheme!r}; choose one of {SCHEMES}")
     smooth = scheme.endswith("smooth")
@@ -261,8 +262,23 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
                 if isinstance(module, (BertSelfOutput, BertOutput)) and isinstance(module.dense, Int8Linear) and \
                         module.LayerNorm.elementwise_affine and module.LayerNorm.bias is not None:
                     setattr(parent, sublayer, Int8ResidualNorm(module.dense, module.LayerNorm))
-        int8_layer.fuse_layers(model)  # where the C layer runs: each such layer as one call for short inputs
+        kernel = int8_layer.kernel()
+        layers = model.bert.encoder.layer
+        for index, layer in enumerate(layers):
+            if kernel is not None and fusable_into_one_call(layer):
+                layers[index] = int8_layer.Int8FusedLayer(layer, kernel)
     return model
+
+
+def fusable_into_one_call(layer: BertLayer) -> bool:
+    """Whether `layer`'s parts are the int8 ones `model.int8_layer`'s C layer computes, with packed VNNI weights."""
+    attention = layer.attention.self
+    parts = (attention.fused_qkv, layer.attention.output, layer.intermediate, layer.output)
+    if not (isinstance(parts[0], Int8Linear) and isinstance(parts[1], Int8ResidualNorm)
+            and isinstance(parts[2], Int8GeluIntermediate) and isinstance(parts[3], Int8ResidualNorm)):
+        return False
+    denses = (parts[0], parts[1].dense, parts[2].dense, parts[3].dense)
+    return all(dense.packed is not None for dense in denses) and attention_kernel.Kernel.fits(attention.head_dim)
 
 
 def _torch_dynamic(linear: nn.Linear, per_channel: bool, smoothing: torch.Tensor | None) -> nn.Module:
