@@ -60,6 +60,7 @@ class Submit:
     request_id: int
     items: list[Item]
     deadline: float  # time.monotonic() by which they must reach the device (one clock for every process of a host)
+    trace: str | None = None  # the request span's W3C traceparent when it is traced (service.tracing): its batches link to it
 
 
 @dataclass
@@ -121,6 +122,9 @@ def heartbeat_every(stall_timeout_s: float) -> float:
 class Done:
     request_id: int
     results: list[Result]
+    started: float = 0.0  # time.monotonic() when the first batch holding one of its inputs began
+    inference_s: float = 0.0  # device time of the batches its inputs ran in, each counted once
+    batch_spans: list[str] | None = None  # traceparents of those batches' spans, when the request is traced
 
 
 @dataclass

@@ -64,6 +64,7 @@ class Batcher:
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
+        self.spans = None  # service.tracing.Tracing when traces are on: one span per batch holding a traced request
         self._progress_at = time.monotonic()  # when a taken batch was last done with, or work came to an idle one
 
     # ---- life cycle ----------------------------------------------------------------------------
@@ -327,7 +328,7 @@ class Batcher:
         except Exception as exc:  # noqa: BLE001 - failures fan out to this batch's entries only
             self._recover(entries, exc)
             return
-        self._observe(started, batch)
+        self._observe(started, batch, entries)
         self._hand_back(entries, results)
 
     def _launch(self, chosen: list[Entry], batch: PreparedBatch) -> LaunchedBatch | None:
@@ -348,7 +349,7 @@ class Batcher:
             log.exception("batch of %d failed", len(on_device.entries))
             self._fail(on_device.entries, ServiceError("internal", "internal error while computing the batch"))
             return
-        self._observe(on_device.started, on_device.batch)
+        self._observe(on_device.started, on_device.batch, on_device.entries)
         self._hand_back(on_device.entries, results)
 
     def _recover(self, entries: list[Entry], exc: BaseException) -> None:
@@ -369,10 +370,28 @@ class Batcher:
             error = ServiceError("internal", "internal error while computing the batch")
         self._fail(entries, error)
 
-    def _observe(self, started: float, batch: PreparedBatch) -> None:
+    def _observe(self, started: float, batch: PreparedBatch, entries: list[Entry]) -> None:
+        """A batch computed: its metrics, and in each of its requests' tickets (before any is handed back) when its
+        first batch began and the device time of its batches, with this batch's span when a request is traced."""
         elapsed = time.perf_counter() - started
         self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
         self.metrics.observe_batch(elapsed, batch)
+        began = time.monotonic() - elapsed
+        tickets = {id(e.ticket): e.ticket for e in entries}.values()  # each request once
+        traced = [t for t in tickets if t.trace is not None] if self.spans is not None else []
+        span = None
+        if traced:
+            try:
+                span = self.spans.batch([t.trace for t in traced], began, elapsed, batch)
+            except Exception:  # noqa: BLE001 - a trace that cannot be recorded costs the batch nothing
+                log.exception("could not record the span of a batch")
+        with self._results_lock:  # another runner may be recording a batch of the same request
+            for ticket in tickets:
+                if not ticket.started or began < ticket.started:
+                    ticket.started = began
+                ticket.inference_s += elapsed
+                if span is not None and ticket.trace is not None:
+                    ticket.batch_spans = [*(ticket.batch_spans or ()), span]
 
     def _fail(self, entries: list[Entry], error: ServiceError) -> None:
         self._hand_back(entries, [None] * len(entries), error)

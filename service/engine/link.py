@@ -28,6 +28,9 @@ class LocalPending:
     def cancel(self) -> None:
         self.batcher.cancel(self.ticket)  # the request's entries that have not run are dropped
 
+    def timing(self) -> tuple[float, float, list[str] | None]:
+        return self.ticket.started, self.ticket.inference_s, self.ticket.batch_spans
+
 
 class LoopSink:
     """Hands finished requests to the event loop that waits for them: one wake-up per batch."""
@@ -50,9 +53,10 @@ def _settle(tickets: list[Ticket]) -> None:
             future.set_result(ticket.results)
 
 
-def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float) -> LocalPending:
+def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float, trace: str | None = None
+           ) -> LocalPending:
     """Queue a request's items; when one of them fails, the rest of the request is not computed."""
-    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future())
+    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future(), trace=trace)
     batcher.submit(items, ticket)
     return LocalPending(ticket.tag, ticket, batcher)
 
@@ -60,27 +64,29 @@ def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float)
 class LocalLink:
     """`service.frontend.link.EngineLink` for an engine in this process."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, engine_factory=None):
+    def __init__(self, settings: Settings, metrics: Metrics, engine_factory=None, tracing=None):
         self.settings = settings
         self.metrics = metrics
         self.engine_factory = engine_factory
+        self.tracing = tracing  # service.tracing.Tracing: the batches' spans (None: traces off)
         self.loaded: LoadedEngine | None = None
         self.detail = "loading the model"
 
     async def start(self, checkpoint: Path) -> ModelFacts:
         settings = self.settings.model_copy(update={"checkpoint": str(checkpoint)})
         self.loaded = await asyncio.to_thread(load_engine, settings, self.metrics, self.engine_factory)
+        self.loaded.batcher.spans = self.tracing
         self.sink = LoopSink(asyncio.get_running_loop())
         return self.loaded.facts
 
     async def loading(self) -> None:
         return  # the engine is this process's, and it loads in `start`
 
-    def submit(self, items: list[Item], deadline: float) -> LocalPending:
+    def submit(self, items: list[Item], deadline: float, trace: str | None = None) -> LocalPending:
         failure = self.failure()
         if failure is not None:  # stuck: waiting would only end at the deadline
             raise ServiceError("unavailable", failure, retry_after_s=5)
-        return submit(self.loaded.batcher, self.sink, items, deadline)
+        return submit(self.loaded.batcher, self.sink, items, deadline, trace)
 
     def failure(self) -> str | None:
         """A dead batching thread, or one stuck (the heartbeat the engine process sends, read here directly)."""

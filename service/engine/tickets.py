@@ -31,8 +31,13 @@ class Ticket:
     tag: Any = None  # the sink's own reference to the request (a future, a request id)
     cancelled: bool = False  # set by the caller when its client goes away
     error: ServiceError | None = None
+    trace: str | None = None  # the request's W3C traceparent when it is traced (its batches' spans link to it)
     results: list = field(init=False)
     missing: int = field(init=False)
+    # Where its time went, recorded by the batcher as its batches finish (service.engine.batcher.Batcher._observe):
+    started: float = field(init=False, default=0.0)  # time.monotonic() when its first batch began; 0: none yet
+    inference_s: float = field(init=False, default=0.0)  # device time of its batches, each counted once
+    batch_spans: list | None = field(init=False, default=None)  # its batches' traceparents (traced requests only)
 
     def __post_init__(self) -> None:
         self.results = [None] * self.size

@@ -23,6 +23,10 @@ class Pending(Protocol):
     def cancel(self) -> None:
         """Drop whatever of the request has not run yet (its client left, or one of its items failed)."""
 
+    def timing(self) -> tuple[float, float, list[str] | None]:
+        """Once `result` is set: when its first batch began (time.monotonic(); 0 if none ran), the device time of its
+        batches, and their spans' traceparents (when the request was submitted with a trace)."""
+
 
 class EngineLink(Protocol):
     detail: str  # what loading is doing now, for /health's 503 while loading
@@ -36,8 +40,9 @@ class EngineLink(Protocol):
         knows either, the HTTP server takes no connections: a front end that answered 503 while the engine and
         the other front ends serve would fail requests that a moment later would succeed."""
 
-    def submit(self, items: list[Item], deadline: float) -> Pending:
-        """Queue `items` to reach the device by `deadline` (time.monotonic()); raise ServiceError to refuse them."""
+    def submit(self, items: list[Item], deadline: float, trace: str | None = None) -> Pending:
+        """Queue `items` to reach the device by `deadline` (time.monotonic()); raise ServiceError to refuse them.
+        `trace`: the request span's W3C traceparent, when the request is traced (its batches' spans link to it)."""
 
     def failure(self) -> str | None:
         """Why the engine cannot compute (a dead thread or process, or one stuck for stall_timeout_s), or None."""

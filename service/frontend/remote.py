@@ -54,10 +54,15 @@ class RemotePending:
     result: asyncio.Future
     request_id: int
     link: RemoteLink
+    done: Done | None = None  # the engine's answer (its timing), once it came
 
     def cancel(self) -> None:
         if self.link.pending.pop(self.request_id, None) is not None:
             self.link.send(Cancel(self.request_id))
+
+    def timing(self) -> tuple[float, float, list[str] | None]:
+        done = self.done
+        return (done.started, done.inference_s, done.batch_spans) if done is not None else (0.0, 0.0, None)
 
 
 class RemoteLink:
@@ -105,14 +110,14 @@ class RemoteLink:
     async def loading(self) -> None:
         await self._loading.wait()
 
-    def submit(self, items: list[Item], deadline: float) -> RemotePending:
+    def submit(self, items: list[Item], deadline: float, trace: str | None = None) -> RemotePending:
         failure = self.failure()
         if failure is not None:
             raise ServiceError("unavailable", failure, retry_after_s=None if self._failure else 5)
         request_id = next(self._ids)
         pending = RemotePending(asyncio.get_running_loop().create_future(), request_id, self)
         self.pending[request_id] = pending
-        self.send(Submit(request_id, items, deadline))
+        self.send(Submit(request_id, items, deadline, trace))
         return pending
 
     def send(self, message) -> None:
@@ -152,7 +157,7 @@ class RemoteLink:
         for frame in frames[1:]:  # frames[0] is the topic
             message = decode(frame)
             if isinstance(message, Done):
-                self._settle(message.request_id, message.results, None)
+                self._settle(message.request_id, message.results, None, message)
             elif isinstance(message, Failed):
                 self._settle(message.request_id, None,
                              ServiceError(message.kind, message.message, retry_after_s=message.retry_after_s))
@@ -161,13 +166,14 @@ class RemoteLink:
             elif isinstance(message, Status):
                 self._on_status(message)
 
-    def _settle(self, request_id: int, results, error: ServiceError | None) -> None:
+    def _settle(self, request_id: int, results, error: ServiceError | None, done: Done | None = None) -> None:
         pending = self.pending.pop(request_id, None)
         if pending is None or pending.result.done():  # cancelled: its client left
             return
         if error is not None:
             pending.result.set_exception(error)
         else:
+            pending.done = done
             pending.result.set_result(results)
 
     def _on_status(self, status: Status) -> None:
