@@ -17,7 +17,7 @@ QA_STAMP := $(QA_VENV)/.qa-$(shell cat requirements/qa-reference.txt | cksum | c
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-one-query bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
+.PHONY: serve proto embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-one-query bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
@@ -219,6 +219,12 @@ gpu-model-join: $(DEV_STAMP)
 # Every package of the CUDA image, pinned for Linux x86-64 (run after `make lock`).
 lock-image: $(DEV_STAMP)
 	$(BIN)/python -m devkit.lock_image
+
+# The Python module of the gRPC API's messages, generated from service/frontend/tei_grpc/tei.proto and checked in
+# (tests/service/frontend/tei_grpc/test_proto.py fails when the two differ): run after editing the .proto.
+proto: $(DEV_STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iservice/frontend/tei_grpc --python_out=service/frontend/tei_grpc \
+	  service/frontend/tei_grpc/tei.proto
 
 lock:
 	rm -rf /tmp/bert-lock && $(PYTHON) -m venv /tmp/bert-lock

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 from typing import Literal, get_args, get_origin
 
 from pydantic import ValidationError
 
+from service.logs import configure_logging
 from service.settings import Settings
 
 
@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in error["loc"]) or "settings"
             print(f"error: {where}: {error['msg']}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per Hub request; model.hub logs the progress
+    configure_logging(settings.log_level, settings.log_format)
     from model.hub import CheckpointSourceError, resolve_checkpoint
 
     try:  # a directory, or a Hub id fetched into the cache now: a bad one ends here, before the port is bound

@@ -14,6 +14,7 @@ from service.frontend.app import create_http_app
 from service.frontend.runtime import Runtime
 from service.metrics import Metrics
 from service.settings import Settings
+from service.tracing import setup as setup_tracing
 
 
 def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI:
@@ -21,4 +22,5 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
     inject faults through it)."""
     settings = settings or Settings()
     metrics = Metrics()
-    return create_http_app(Runtime(settings, LocalLink(settings, metrics, engine_factory), metrics))
+    tracing = setup_tracing(settings, "server")
+    return create_http_app(Runtime(settings, LocalLink(settings, metrics, engine_factory, tracing), metrics, tracing))

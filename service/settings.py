@@ -164,6 +164,40 @@ class Settings(BaseSettings):
         "auto: yes for one output (a cross-encoder) or NLI-style labels (entailment/contradiction), no otherwise; "
         "a pair sent to a single-text classifier gets 422."))
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Server log level.")
+    log_format: Literal["text", "json"] = Field("text", description=(
+        "Server log lines: text, or json: one JSON object a line (time, level, message, logger, process, and on a line "
+        "written while a request is handled its request_id, trace_id and route), for collectors that parse logs "
+        "(text-embeddings-inference's --json-output). JSON costs the front ends a record per request (~3 us) to "
+        "carry those ids."))
+    log_requests: bool = Field(False, description=(
+        "One log line per answered request (an HTTP request, a gRPC call, a gRPC stream's message): route, status, "
+        "duration, request id and, in JSON, trace id. Ties a client's x-request-id to the server's view of it; costs "
+        "a line and ~10 us of front-end CPU a request, which one-sentence traffic on a GPU host notices."))
+    otlp_endpoint: str | None = Field(None, description=(
+        "Export OpenTelemetry traces to this OTLP collector: http://host:4317 (OTLP over gRPC) or http://host:4318 "
+        "(OTLP over HTTP; otlp_protocol). One span per request (route, model, inputs, tokens) with children for "
+        "validation, tokenization, queue wait, inference and writing the answer, and one span per batch (size, "
+        "tokens, padding, device time) linked from each traced request in it; an incoming W3C traceparent is "
+        "continued. Off by default; OTEL_EXPORTER_OTLP_ENDPOINT turns it on too, and the other OTEL_* variables "
+        "apply (OTEL_TRACES_SAMPLER and its _ARG, OTEL_BSP_*, headers, certificates): docs/observability.md. "
+        "Spans leave from a bounded queue on a thread: a collector that is down costs dropped spans and log lines, "
+        "never a request; at 100% sampling a request costs ~0.2 ms of CPU in that thread (sample busy GPU hosts)."))
+    otlp_service_name: str | None = Field(None, description=(
+        "The traces' service.name (text-embeddings-inference's --otlp-service-name). Default: OTEL_SERVICE_NAME, "
+        "else bert-serve."))
+    otlp_protocol: Literal["auto", "grpc", "http/protobuf"] = Field("auto", description=(
+        "OTLP transport. auto: OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL if set, else http/protobuf for an endpoint on "
+        "port 4318 or ending in /v1/traces, else grpc."))
+    grpc_port: int | None = Field(None, ge=1, le=65535, description=(
+        "Also serve text-embeddings-inference's gRPC API (package tei.v1: Info, Embed, Predict, Rerank and "
+        "Tokenize with their streaming calls; reflection; the standard health service) on this port, from the "
+        "same front ends, admission limit, API key, metrics and engine as HTTP (docs/grpc.md). Streams of "
+        "one-input messages cost a front end less CPU than one-input HTTP requests. Off by default: one port "
+        "less to expose and secure."))
+    grpc_stream_window: int = Field(64, ge=1, le=4096, description=(
+        "Messages of one gRPC stream computed at once, each holding an admission slot while it does; later "
+        "messages wait in the connection's flow control. Higher lets one stream fill larger batches; lower keeps "
+        "one stream from holding many of max_concurrent_requests' slots."))
 
     @field_validator("workers")
     @classmethod
@@ -209,6 +243,8 @@ class Settings(BaseSettings):
                 raise ValueError(f"api_key_file {self.api_key_file}: {exc.strerror if isinstance(exc, OSError) else exc}")
         if self.api_key is not None and len(self.api_key) < 8:
             raise ValueError("api_key must be at least 8 characters")
+        if self.grpc_port is not None and self.grpc_port == self.port:
+            raise ValueError(f"grpc_port must differ from port ({self.port}): HTTP and gRPC each need their own")
         return self
 
     def public(self) -> dict:

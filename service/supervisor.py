@@ -72,6 +72,9 @@ class Supervisor:
     def run(self) -> int:
         listener = socket.create_server((self.settings.host, self.settings.port), backlog=2048)
         listener.set_inheritable(True)
+        # The front ends each listen on the gRPC port (SO_REUSEPORT: the kernel spreads connections over them, as
+        # over the HTTP socket); this bound socket, never listening, holds the port for them across restarts.
+        grpc_port = _reserve_port(self.settings.host, self.settings.grpc_port) if self.settings.grpc_port else None
         self.metrics_dir.mkdir()
         self.env = {**os.environ, MULTIPROCESS_DIR: str(self.metrics_dir)}
         create_slots(self.in_flight, self.workers)
@@ -86,6 +89,8 @@ class Supervisor:
             code = self._watch(listener.fileno())
         finally:
             listener.close()  # no more restarts; once the front ends close theirs, connections are refused
+            if grpc_port is not None:
+                grpc_port.close()
             self._shut_down()
             shutil.rmtree(self.directory, ignore_errors=True)
         return code
@@ -139,6 +144,20 @@ class Supervisor:
         if getattr(self, "engine", None) is not None:
             _signal(self.engine, signal.SIGTERM)
             _wait(self.engine, grace)
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to `port` with SO_REUSEPORT and not listening: it takes no connections, keeps the port from
+    programs that do not share it on purpose (SO_REUSEPORT, the same user), and fails here, before anything starts,
+    if the port is taken."""
+    reserved = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        reserved.bind((host, port))
+    except OSError as exc:
+        reserved.close()
+        raise OSError(exc.errno, f"cannot serve gRPC on {host}:{port}: {exc.strerror}") from None
+    return reserved
 
 
 def _signal(process: subprocess.Popen, sig: int) -> None:

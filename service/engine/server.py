@@ -27,6 +27,7 @@ from service.engine.batcher import Ticket
 from service.engine.loader import LoadedEngine, load_engine
 from service.errors import ServiceError
 from service.launch import die_with_parent, read_launch_record
+from service.logs import configure_logging
 from service.memory import freeze_loaded_objects
 from service.messages import (
     EVERYONE,
@@ -46,6 +47,7 @@ from service.messages import (
 )
 from service.metrics import Metrics
 from service.settings import Settings
+from service.tracing import setup as setup_tracing
 
 log = logging.getLogger("service")
 FLUSH_S = 0.5  # after a failed load: time for the front ends to read why before the process goes
@@ -68,8 +70,8 @@ class Replies:
             if self.requests.pop(ticket.tag, None) is None:
                 continue  # cancelled: its client left
             error = ticket.error
-            reply = Done(request_id, ticket.results) if error is None else \
-                Failed(request_id, error.kind, error.message, error.retry_after_s)
+            reply = Done(request_id, ticket.results, ticket.started, ticket.inference_s, ticket.batch_spans) \
+                if error is None else Failed(request_id, error.kind, error.message, error.retry_after_s)
             by_front_end.setdefault(identity, []).append(encode(reply))
         for identity, frames in by_front_end.items():
             self.send(topic(identity), frames)
@@ -94,6 +96,7 @@ class EngineServer:
         self.metrics = Metrics()
         self.status = Status("loading", "loading the model")
         self.loaded: LoadedEngine | None = None
+        self.tracing = setup_tracing(settings, "engine")  # the batches' spans, when traces are on
         self.stopping = threading.Event()
 
     def run(self) -> int:
@@ -118,6 +121,8 @@ class EngineServer:
                 self.loaded.batcher.stop()  # computes what is queued; its replies go out as it does
             return 0
         finally:
+            if self.tracing is not None:
+                self.tracing.shutdown()
             self.inbox.close()
             self.replies.socket.close()
             self.context.term()
@@ -130,6 +135,7 @@ class EngineServer:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             self._set_status(Status("failed", str(exc)))
             return
+        self.loaded.batcher.spans = self.tracing
         freeze_loaded_objects()
         self._set_status(Status("ready", facts=self.loaded.facts))
 
@@ -165,7 +171,7 @@ class EngineServer:
                 "unavailable", reason.get(self.status.state, "the engine is not ready"), retry_after_s=1))
             return
         key = (identity, message.request_id)
-        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key)
+        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key, trace=message.trace)
         self.requests[key] = ticket
         try:
             self.loaded.batcher.submit(message.items, ticket)
@@ -181,7 +187,7 @@ def main() -> int:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
     settings, record = read_launch_record()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s engine: %(message)s")
+    configure_logging(settings.log_level, settings.log_format, "engine")
     return EngineServer(settings, record["directory"]).run()
 
 

@@ -18,6 +18,7 @@ from service.frontend.admission import Admission, LocalRequestCount
 from service.frontend.guards import BodyLimit, CloseWhenDraining, RequestMetrics
 from service.frontend.http_errors import install_error_handlers
 from service.frontend.pages import mount_assets, pages, playground_page
+from service.frontend.request_context import RequestContext
 from service.frontend.routes import api, public
 from service.frontend.routes_classify import classify
 from service.frontend.routes_openai import openai, openai_alias
@@ -39,6 +40,12 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     process's own count; `service.frontend.admission.SharedRequestCount` counts those of every front end).
     `fast_routes=False` leaves the computing routes to FastAPI too (tests compare the two)."""
     settings = runtime.settings
+    requests = admission or LocalRequestCount()  # one admission count for HTTP and gRPC
+    grpc_front_end = None
+    if settings.grpc_port is not None:  # TEI's gRPC API beside HTTP, over the same runtime (docs/grpc.md)
+        from service.frontend.tei_grpc.server import GrpcFrontEnd
+
+        grpc_front_end = GrpcFrontEnd(runtime, requests, reuse_port=settings.workers != 0)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -61,10 +68,14 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
         engine_loading = asyncio.create_task(runtime.link.loading())
         await asyncio.wait([app.state.loading, engine_loading], return_when=asyncio.FIRST_COMPLETED)
         engine_loading.cancel()
+        if grpc_front_end is not None:
+            await grpc_front_end.start()
         try:
             yield
         finally:
             runtime.lifecycle.drain()
+            if grpc_front_end is not None:
+                await grpc_front_end.stop()
             if not app.state.loading.done():
                 await app.state.loading
             await runtime.shutdown()
@@ -102,7 +113,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
         app.add_middleware(FastRoutes, routes=routes, on_error=count_failure)
     # Listed innermost first. Admission sits inside BodyLimit: a request counts once its body is in.
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label, requests=admission or LocalRequestCount())
+                       route_label=route_label, requests=requests)
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
                        route_label=route_label, idle_timeout_s=settings.body_idle_timeout_s,
                        total_timeout_s=settings.body_timeout_s)
@@ -115,4 +126,8 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
                        on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized").inc())
     app.add_middleware(CloseWhenDraining, lifecycle=runtime.lifecycle)
     app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
+    # Outermost: every answer, refusals included, carries its request id (and, when kept, its trace and log line).
+    app.add_middleware(RequestContext, route_label=route_label, tracing=runtime.tracing,
+                       keep_records=settings.log_format == "json", log_requests=settings.log_requests,
+                       model=lambda: runtime.model_name)
     return app

@@ -33,6 +33,7 @@ from service.frontend.inputs import (
     sparse_items,
     tokenize_texts,
 )
+from service.logs import CURRENT_REQUEST
 from service.metrics import Metrics
 from service.tasks import (
     ClassLogits,
@@ -241,15 +242,27 @@ class FrontDoor:
     # ---- the steps (also those of the tasks beside this class: service.frontend.token_tasks) --------
 
     async def _tokenize(self, inputs, build: Callable[[], T]) -> T:
-        started = time.perf_counter()
+        started = time.monotonic()
         result = build() if _text_size(inputs) <= INLINE_TOKENIZE_CHARS else await run_in_threadpool(build)
-        self.metrics.tokenize_seconds.observe(time.perf_counter() - started)
+        ended = time.monotonic()
+        self.metrics.tokenize_seconds.observe(ended - started)
+        record = CURRENT_REQUEST.get()  # the request's record (service.frontend.request_record), when one is kept
+        if record is not None:
+            record.tokenized_between(started, ended)
         return result
 
     async def _compute(self, items: list[Item], gone: Waiter) -> list:
         """Queue the items and wait for their results, until `gone` says the caller left, or until the deadline
-        and its grace (`service.frontend.deadlines`): a stuck engine answers nothing, and no client waits on it."""
-        pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s)
+        and its grace (`service.frontend.deadlines`): a stuck engine answers nothing, and no client waits on it.
+        The request's record, when one is kept, may bring a sooner deadline (a gRPC client's) and a trace."""
+        record = CURRENT_REQUEST.get()
+        submitted = time.monotonic()
+        deadline = submitted + self.queue_timeout_s
+        if record is None:
+            pending = self.engine.submit(items, deadline)
+        else:
+            deadline = min(deadline, record.deadline or deadline)
+            pending = self.engine.submit(items, deadline, record.trace.traceparent if record.trace else None)
         watched = self.deadlines.watch(pending)
         left = False
 
@@ -261,10 +274,14 @@ class FrontDoor:
 
         stop_watching = gone(on_gone) if gone is not None else None
         try:
-            return await pending.result  # a failed item has already cancelled the rest of the request
+            results = await pending.result  # a failed item has already cancelled the rest of the request
+            if record is not None:
+                record.computed_by(items, submitted, pending.timing())
+            return results
         except asyncio.CancelledError:
             if not left:
-                raise  # this task itself was cancelled
+                pending.cancel()  # this task itself was cancelled (a gRPC call that ended): nobody reads the results
+                raise
             raise ServiceError("unavailable", "client disconnected") from None
         finally:
             self.deadlines.forget(watched)

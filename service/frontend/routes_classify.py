@@ -5,16 +5,15 @@ or sigmoid as its config says (`model.labels`), or the logits with `raw_scores`.
 
 from __future__ import annotations
 
-import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from service.errors import ServiceError
 from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
 from service.frontend.deps import TEI_ERRORS, Door, State
+from service.frontend.rerank import best_first, require_cross_encoder, rerank_scores
 from service.frontend.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 
 classify = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["TEI-compatible"])
@@ -36,19 +35,10 @@ async def predict(body: TeiPredictRequest, request: Request, door: Door, state: 
 @classify.post("/rerank", response_model=list[TeiRank], summary="Rerank texts against a query (TEI-compatible)")
 async def rerank(body: TeiRerankRequest, request: Request, door: Door, state: State) -> Response:
     """The cross-encoder's score of (query, text) for every text, sorted best first, with each text's index."""
-    if door.num_labels and not door.classifier_pairs:
-        raise ServiceError("unsupported", f"/rerank needs a cross-encoder (a classifier of [query, text] pairs); this "
-                                          f"checkpoint's classifier reads single texts. It has: {door.heads()}")
-    if door.num_labels > 1:
-        raise ServiceError("unsupported", f"/rerank needs one relevance score per pair; this checkpoint's classifier "
-                                          f"has {door.num_labels} outputs (use /predict)")
-    if not body.texts:
-        raise ServiceError("empty", "texts is empty; send at least one text to rank", param="texts")
+    require_cross_encoder(door)  # before the body's own checks: a checkpoint that cannot rank says so first
     prep = preparation(state.checkpoint.pooling, body.truncate, body.truncation_direction)
-    door.check_query(body.query, prep)
-    logits = await door.classify([[body.query, text] for text in body.texts], prep, gone=client_gone(request),
-                                 field="texts")
-    scores = state.checkpoint.labels.scores(np.stack(logits)[:, 0], raw=body.raw_scores)
+    scores = await rerank_scores(door, state.checkpoint.labels, body.query, body.texts, prep, body.raw_scores,
+                                 gone=client_gone(request))
     ranks = [{"index": int(i), "score": float(scores[i]), **({"text": body.texts[i]} if body.return_text else {})}
-             for i in np.argsort(-scores, kind="stable")]
+             for i in best_first(scores)]
     return json_response(ranks)

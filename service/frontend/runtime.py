@@ -25,6 +25,7 @@ from service.frontend.link import EngineLink
 from service.messages import ModelFacts
 from service.metrics import Metrics
 from service.settings import Settings
+from service.tracing import Tracing
 
 log = logging.getLogger("service")
 
@@ -85,10 +86,12 @@ def reads_pairs(checkpoint: Checkpoint, setting: str) -> bool:
 
 
 class Runtime:
-    def __init__(self, settings: Settings, link: EngineLink, metrics: Metrics | None = None):
+    def __init__(self, settings: Settings, link: EngineLink, metrics: Metrics | None = None,
+                 tracing: Tracing | None = None):
         self.settings = settings
         self.link = link
         self.metrics = metrics or Metrics()
+        self.tracing = tracing  # this process's trace recorder (service.tracing), None when traces are off
         self.lifecycle = Lifecycle(loading_detail=lambda: self.progress or link.detail)
         self.requests = RequestCounts()
         self.checkpoint: Checkpoint | None = None  # without weights: those live with the engine
@@ -165,6 +168,8 @@ class Runtime:
     async def shutdown(self) -> None:
         self.lifecycle.drain()
         await self.link.stop()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)
 
     def info(self) -> dict:
         """/info: the model, how it was trained (file names only: no path of this or the training host),

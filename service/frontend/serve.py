@@ -35,7 +35,10 @@ def serve_http(app: FastAPI, settings: Settings, fd: int | None = None) -> Excep
     config = uvicorn.Config(DirectEntry(app), host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_keep_alive=settings.keep_alive_s,
                             http=bounded_protocol(settings.header_timeout_s, settings.max_connections),
-                            timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False)
+                            timeout_graceful_shutdown=max(30, settings.queue_timeout_s + 5), access_log=False,
+                            # JSON logs: uvicorn's own lines go through the service's handler (service.logs), not its
+                            # text formatter
+                            **({"log_config": None} if settings.log_format == "json" else {}))
     # The supervisor's listening socket, taken as what it is. (uvicorn's own `fd=` takes any descriptor for a
     # Unix socket; the event loop then leaves TCP_NODELAY off on the connections it accepts, and every answer
     # written in two parts waited for the client's delayed ACK: 44 ms per request, on any hardware.)

@@ -8,7 +8,6 @@ the engine's sockets and its pid, the socket's file descriptor, this front end's
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -19,16 +18,17 @@ from service.frontend.remote import RemoteLink
 from service.frontend.runtime import Runtime
 from service.frontend.serve import serve_http
 from service.launch import die_with_parent, read_launch_record
+from service.logs import configure_logging
+from service.tracing import setup as setup_tracing
 
 
 def main() -> int:
     die_with_parent()
     settings, record = read_launch_record()
     slot = record["slot"]
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s front-end-{slot}: %(message)s")
+    configure_logging(settings.log_level, settings.log_format, f"front-end-{slot}")
     link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"], settings.stall_timeout_s)
-    runtime = Runtime(settings, link)
+    runtime = Runtime(settings, link, tracing=setup_tracing(settings, f"front-end-{slot}"))
     runtime.source = ResolvedCheckpoint(Path(settings.checkpoint), **record["source"])
     app = create_http_app(runtime, SharedRequestCount(Path(record["in_flight"]), slot))
     failure = serve_http(app, settings, fd=record["fd"])

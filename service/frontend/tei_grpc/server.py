@@ -1,0 +1,385 @@
+"""text-embeddings-inference's gRPC API (tei.v1) on `--grpc-port`, served by each front end beside HTTP, over the
+same runtime: its front door and engine, admission count, API key, metrics, traces and logs.
+
+- Every call of tei.v1 is answered (`methods.RPCS`); one the loaded model cannot serve (Predict without a
+  classifier, Rerank without a cross-encoder) ends FAILED_PRECONDITION, as TEI answers it; a method that is not in
+  tei.v1 UNIMPLEMENTED (the gRPC library's answer). Reflection (v1alpha) and the standard health service are on;
+  health says SERVING per service while the server is ready (Predict and Rerank only for a model that has them).
+- Requests are plain bytes to the handlers and parsed here, so that a message that does not parse ends
+  INVALID_ARGUMENT naming the call (the library's own deserializer would answer INTERNAL). Answers leave as bytes
+  (`wire` writes the vectors).
+- A unary call is one request: refused with RESOURCE_EXHAUSTED when max_concurrent_requests are in flight (HTTP's
+  429). A stream's messages are computed concurrently, at most grpc_stream_window at once, each answered in the
+  order sent, each holding an admission slot while it computes; when the server is full a stream waits (it stops
+  reading, and HTTP/2 flow control holds its client back) instead of failing, as TEI's streams wait for a permit.
+  The first message that fails ends the stream with its status, after the answers of every message before it.
+  A stream with nothing in flight that sends nothing for keep_alive_s ends DEADLINE_EXCEEDED (a stalled client
+  holds a slot of grpc's concurrent calls, max_connections a front end, not forever).
+- The client's deadline is each message's too: the engine drops inputs that cannot reach the device by it. A
+  call that ends early (cancelled, past its deadline) cancels what it had queued.
+- Each call and each stream message gets a request record (`service.frontend.request_record`): its id (the
+  client's `x-request-id` metadata, or a new one, sent back in the trailing metadata; a stream's messages are
+  `<id>.<n>`), its trace (`traceparent` metadata continued; a stream is one span, each message a child with the
+  spans of a request below it), its log line, and the timings of the answer's Metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from service.errors import ServiceError
+from service.frontend.api_key import MESSAGE as KEY_MESSAGE, key_matches
+from service.frontend.frontdoor import FrontDoor
+from service.frontend.request_record import RequestRecord
+from service.frontend.rerank import require_cross_encoder
+from service.frontend.runtime import Runtime
+from service.frontend.tei_grpc import methods, tei_pb2
+from service.frontend.tei_grpc.errors import SERVER_FAULTS, CallError, status_of
+from service.frontend.tei_grpc.methods import RPCS, SERVICES, Call, Rpc
+from service.logs import CURRENT_REQUEST
+from service.tracing import TraceContext
+
+log = logging.getLogger("service")
+OK = grpc.StatusCode.OK
+HEALTH_EVERY_S = 0.5  # how often the health service's statuses are brought up to date
+ADMISSION_POLL_S = 0.002  # how often a stream that waits for an admission slot looks again
+RANK_BYTES = 24  # a Rank's share of a RerankStream's answer without its text, for the answer's size bound
+_END, _IDLE = object(), object()  # a stream's reader: the client finished; nothing heard for keep_alive_s
+
+
+def _metadata(context) -> dict[str, str]:
+    return {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
+
+
+def _parse(rpc: Rpc, raw: bytes):
+    try:
+        return rpc.request.FromString(raw)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and its kin: the client's bytes
+        raise CallError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"the message is not a valid {rpc.request.DESCRIPTOR.full_name} ({exc})", "validation") from None
+
+
+class GrpcFrontEnd:
+    def __init__(self, runtime: Runtime, requests, reuse_port: bool):
+        """`requests`: the admission count HTTP uses (this process's, or one over every front end)."""
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.requests = requests
+        self.reuse_port = reuse_port
+        self.tracing = runtime.tracing
+        self.server: grpc.aio.Server | None = None
+        self.health = health_aio.HealthServicer()
+        self._health_task: asyncio.Task | None = None
+        self._statuses: dict[str, int] = {}
+
+    # ---- life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        server = grpc.aio.server(
+            maximum_concurrent_rpcs=s.max_connections,  # beyond: RESOURCE_EXHAUSTED from the library
+            options=[("grpc.so_reuseport", 1 if self.reuse_port else 0),
+                     ("grpc.max_receive_message_length", s.max_body_bytes),
+                     ("grpc.max_connection_idle_ms", int(s.keep_alive_s * 1000))])
+        server.add_generic_rpc_handlers(tuple(self._handlers()))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                             reflection.SERVICE_NAME), server)
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        try:
+            bound = server.add_insecure_port(f"{host}:{s.grpc_port}")
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot serve gRPC on {host}:{s.grpc_port}: {exc}") from None
+        if not bound:
+            raise RuntimeError(f"cannot serve gRPC on {host}:{s.grpc_port} (is the port in use?)")
+        await server.start()
+        self.server = server
+        await self._update_health()
+        self._health_task = asyncio.create_task(self._keep_health())
+
+    async def stop(self) -> None:
+        """New calls are refused at once; those running get the queue deadline and its grace to finish."""
+        if self.server is None:
+            return
+        if self._health_task is not None:
+            self._health_task.cancel()
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.settings.queue_timeout_s + self.settings.deadline_grace_s + 1)
+
+    async def _keep_health(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_EVERY_S)
+            await self._update_health()
+
+    async def _update_health(self) -> None:
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        try:
+            self.runtime.health()
+            ready = True
+        except ServiceError:
+            ready = False
+        door = self.runtime.frontdoor
+        can = {"tei.v1.Predict": door is not None and door.num_labels > 0,
+               "tei.v1.Rerank": door is not None and door.num_labels == 1 and door.classifier_pairs}
+        for service in ("", *SERVICES):
+            status = serving if ready and can.get(service, True) else not_serving
+            if self._statuses.get(service) != status:
+                self._statuses[service] = status
+                await self.health.set(service, status)
+
+    def _handlers(self):
+        by_service: dict[str, dict] = {}
+        for rpc in RPCS:
+            if rpc.kind == "unary":
+                handler = grpc.unary_unary_rpc_method_handler(self._unary_handler(rpc))
+            elif rpc.kind == "stream":
+                handler = grpc.stream_stream_rpc_method_handler(self._stream_handler(rpc))
+            else:
+                handler = grpc.stream_unary_rpc_method_handler(self._collect_handler(rpc))
+            by_service.setdefault(rpc.service, {})[rpc.name] = handler
+        return [grpc.method_handlers_generic_handler(service, table) for service, table in by_service.items()]
+
+    # ---- what every call does ------------------------------------------------------------------
+
+    def _open(self, metadata: dict[str, str]) -> FrontDoor:
+        """The key (UNAUTHENTICATED before anything else), then a ready front door (UNAVAILABLE while loading,
+        draining or failed)."""
+        key = self.settings.api_key
+        if key is not None and not key_matches(metadata.get("authorization", ""), key):
+            raise CallError(grpc.StatusCode.UNAUTHENTICATED, KEY_MESSAGE, "unauthorized")
+        return self.runtime.ready_frontdoor()
+
+    def _admit(self) -> None:
+        limit = self.settings.max_concurrent_requests
+        if self.requests.total() >= limit:
+            raise ServiceError("overloaded", f"{limit} requests are being handled already; retry later")
+        self.requests.add(1)
+
+    async def _admit_waiting(self) -> None:
+        limit = self.settings.max_concurrent_requests
+        while self.requests.total() >= limit:
+            await asyncio.sleep(ADMISSION_POLL_S)
+        self.requests.add(1)
+
+    def _begin(self, rpc: Rpc, context, metadata: dict[str, str]) -> RequestRecord:
+        record = RequestRecord.begin(rpc.path, metadata.get("x-request-id"), metadata.get("traceparent"),
+                                     self.tracing)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            record.deadline = record.received + remaining
+        context.set_trailing_metadata((("x-request-id", record.request_id),))
+        return record
+
+    def _ended(self, rpc: Rpc, record: RequestRecord, code: grpc.StatusCode, kind: str | None, name: str,
+               attributes: dict | None = None, request: bool = True) -> None:
+        """A call or a stream's message answered: its metrics, spans and log line. `request`: False for a stream
+        itself (its messages are the requests: they are counted, and have the spans of a request)."""
+        metrics = self.runtime.metrics
+        if request:
+            metrics.requests.labels(rpc.path, code.name).inc()
+            metrics.request_seconds.labels(rpc.path).observe(time.monotonic() - record.received)
+            if code is not grpc.StatusCode.CANCELLED:
+                self.runtime.requests.answered += 1
+        if kind is not None:
+            metrics.failures.labels(rpc.path, kind).inc()
+        record.finish(self.tracing, name, code.name, code in SERVER_FAULTS, {
+            "rpc.system": "grpc", "rpc.service": rpc.service, "rpc.method": rpc.name,
+            "rpc.grpc.status_code": code.value[0], "bert.model": self.runtime.model_name, **(attributes or {})},
+            self.settings.log_requests, error=kind, children=request)
+
+    @staticmethod
+    def _cancelled_code(context) -> grpc.StatusCode:
+        remaining = context.time_remaining()
+        return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 \
+            else grpc.StatusCode.CANCELLED
+
+    # ---- unary calls ---------------------------------------------------------------------------
+
+    def _unary_handler(self, rpc: Rpc):
+        async def handler(raw: bytes, context):
+            metadata = _metadata(context)
+            record = self._begin(rpc, context, metadata)
+            token = CURRENT_REQUEST.set(record)
+            self.runtime.requests.accepted += 1
+            admitted, answer, code, kind, message = False, None, OK, None, ""
+            try:
+                door = self._open(metadata)
+                if rpc.computes:
+                    self._admit()
+                    admitted = True
+                answer = await rpc.answer(Call(self.runtime, door, None, record), _parse(rpc, raw))
+            except asyncio.CancelledError:
+                code = self._cancelled_code(context)
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is answered with its status (errors.py)
+                code, message, kind = status_of(exc, rpc.path)
+            finally:
+                if admitted:
+                    self.requests.add(-1)
+                self._ended(rpc, record, code, kind, rpc.path[1:])
+                CURRENT_REQUEST.reset(token)
+            if answer is None:
+                await context.abort(code, message)
+            return answer
+
+        return handler
+
+    # ---- streams -------------------------------------------------------------------------------
+
+    def _stream_handler(self, rpc: Rpc):
+        async def handler(request_iterator, context):
+            async for answer in self._stream(rpc, request_iterator, context, rpc.answer):
+                yield answer
+
+        return handler
+
+    def _collect_handler(self, rpc: Rpc):
+        async def handler(request_iterator, context):
+            """RerankStream: a (query, text) pair a message, one ranking of them all at the end."""
+            first: dict[str, bool] = {}
+            limit = self.settings.max_response_mb * 1e6
+            size = 0
+
+            async def score(call: Call, m: tei_pb2.RerankStreamRequest):
+                nonlocal size
+                if not first:  # the stream's first message sets raw_scores and return_text (messages start in order)
+                    first.update(raw=m.raw_scores, text=m.return_text)
+                    require_cross_encoder(call.door, "RerankStream")
+                size += RANK_BYTES + (len(m.text.encode()) if first["text"] else 0)
+                if size > limit:
+                    raise ServiceError("validation", f"the ranking would exceed {self.settings.max_response_mb:g} MB "
+                                                     "(max_response_mb); send fewer pairs per stream")
+                return await methods.rerank_one(call, m, first["raw"]), m.text if first["text"] else None, call.record
+
+            started = time.monotonic()
+            scored = [one async for one in self._stream(rpc, request_iterator, context, score)]
+            if not scored:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream sent no (query, text) pair to rank")
+            order = sorted(range(len(scored)), key=lambda i: -scored[i][0])  # stable: ties keep the sent order
+            return methods.ranks_answer([(i, scored[i][0], scored[i][1]) for i in order],
+                                        methods.mean_metadata([record for _, _, record in scored], started))
+
+        return handler
+
+    async def _stream(self, rpc: Rpc, request_iterator, context, answer_one):
+        """Each message's answer (`answer_one(call, message)`), in the order sent; a failure ends the call with its
+        status, after the answers before it. The reader holds a message's admission slot from before its task starts
+        until its answer is taken here (or the stream ends)."""
+        metadata = _metadata(context)
+        record = self._begin(rpc, context, metadata)
+        loop = asyncio.get_running_loop()
+        code, kind, message = OK, None, ""
+        messages = 0
+        try:
+            self._open(metadata)
+        except Exception as exc:  # noqa: BLE001 - refused before reading anything
+            code, message, kind = status_of(exc, rpc.path)
+            self._ended(rpc, record, code, kind, rpc.path[1:], request=False)
+            await context.abort(code, message)
+
+        window = asyncio.Semaphore(self.settings.grpc_stream_window)
+        queue: asyncio.Queue = asyncio.Queue()
+        idle_s = self.settings.keep_alive_s
+        state = {"heard": loop.time(), "in_flight": 0, "done": False}
+        parent = record.trace or record.caller
+
+        def spawn(raw: bytes, index: int) -> asyncio.Task:
+            return loop.create_task(self._message(rpc, raw, index, record, parent, answer_one))
+
+        async def read() -> None:
+            index = 0
+            try:
+                async for raw in request_iterator:
+                    state["heard"] = loop.time()
+                    await window.acquire()
+                    if rpc.computes:
+                        await self._admit_waiting()
+                    index += 1
+                    state["in_flight"] += 1
+                    queue.put_nowait(spawn(raw, index))
+                queue.put_nowait(_END)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the library failed to read (a client that reset the stream)
+                queue.put_nowait(exc)
+
+        def watch_idle() -> None:
+            if state["done"]:
+                return
+            quiet = loop.time() - state["heard"]
+            if quiet >= idle_s and not state["in_flight"]:
+                queue.put_nowait(_IDLE)
+                return
+            state["timer"] = loop.call_later(max(0.05, idle_s - quiet), watch_idle)
+
+        reader = loop.create_task(read())
+        state["timer"] = loop.call_later(idle_s, watch_idle)
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if item is _IDLE:
+                    raise ServiceError("request_timeout", f"the stream sent no message for {idle_s:g} s with none in "
+                                                          "flight (keep_alive_s); open a new one when there is more")
+                if isinstance(item, BaseException):
+                    raise item
+                try:
+                    answer = await item
+                finally:
+                    self._release(rpc, window, state)
+                messages += 1
+                yield answer
+        except (asyncio.CancelledError, GeneratorExit):
+            code = self._cancelled_code(context)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the message's status ends the stream
+            code, message, kind = status_of(exc, rpc.path)
+        finally:
+            state["done"] = True
+            state["timer"].cancel()
+            reader.cancel()
+            while not queue.empty():  # messages not answered: their inputs are dropped from the engine's queue
+                left = queue.get_nowait()
+                if isinstance(left, asyncio.Task):
+                    left.cancel()
+                    self._release(rpc, window, state)
+            self._ended(rpc, record, code, kind, rpc.path[1:], {"bert.messages": messages}, request=False)
+        if code is not OK:
+            await context.abort(code, message)
+
+    def _release(self, rpc: Rpc, window: asyncio.Semaphore, state: dict) -> None:
+        """A stream's message is done with: its place in the window, and its admission slot."""
+        window.release()
+        state["in_flight"] -= 1
+        if rpc.computes:
+            self.requests.add(-1)
+
+    async def _message(self, rpc: Rpc, raw: bytes, index: int, stream: RequestRecord, parent: TraceContext | None,
+                       answer_one):
+        """One message of a stream, in its own task, with its own request record."""
+        record = RequestRecord(f"{stream.request_id}.{index}", rpc.path, time.monotonic(), caller=parent,
+                               deadline=stream.deadline)
+        if stream.trace is not None:
+            record.trace = TraceContext(stream.trace.trace_id, self.tracing.new_id())
+        CURRENT_REQUEST.set(record)  # this task's own context
+        self.runtime.requests.accepted += 1
+        code, kind = OK, None
+        try:
+            door = self.runtime.ready_frontdoor()  # a draining server takes no new message (as HTTP, no new request)
+            return await answer_one(Call(self.runtime, door, None, record), _parse(rpc, raw))
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:  # noqa: BLE001 - carried to the stream, which ends with it
+            code, message, kind = status_of(exc, rpc.path)
+            raise CallError(code, message, kind) from None
+        finally:
+            self._ended(rpc, record, code, kind, f"{rpc.path[1:]} message", {"bert.message": index})
