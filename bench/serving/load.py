@@ -96,7 +96,7 @@ def drive_processes(url: str, texts: list[str], concurrency: int, duration: floa
                                    "concurrency": concurrency}))
         children = [subprocess.Popen([sys.executable, "-m", "bench.serving.load", str(job), str(k), str(processes)])
                     for k in range(processes)]
-        _start_together(job, children)
+        start_together(job, children)
         for child in children:
             child.wait(timeout=duration + 120)
         if any(child.returncode for child in children):
@@ -110,7 +110,7 @@ READY_TIMEOUT_S = 60.0  # a child's start: an interpreter and this module's impo
 POLL_S = 0.002
 
 
-def _start_together(job: Path, children: list[subprocess.Popen]) -> None:
+def start_together(job: Path, children: list[subprocess.Popen]) -> None:
     """Wait until every child has said it is ready (imports done), then tell them all one start time. A fixed
     head start instead cost every row of a benchmark ~2 s of waiting, and still had to guess how long eight
     interpreters take to start on a busy host."""
@@ -128,7 +128,7 @@ def _start_together(job: Path, children: list[subprocess.Popen]) -> None:
     go.replace(job.with_name("go.json"))  # whole or absent: a child never reads half of it
 
 
-def _wait_for_start(job: Path, index: int) -> None:
+def wait_for_start(job: Path, index: int) -> None:
     ready_path(job, index).touch()
     go = job.with_name("go.json")
     while not go.exists():
@@ -159,7 +159,7 @@ def _child(job_path: str, index: int, processes: int) -> None:
     """One child of `drive_processes`: clients index, index + processes, ... of the job; JSON to result_path."""
     job = json.loads(Path(job_path).read_text())
     mine = len(range(index, job["concurrency"], processes))
-    _wait_for_start(Path(job_path), index)  # every child starts at once
+    wait_for_start(Path(job_path), index)  # every child starts at once
 
     async def clients():
         # client k of this child is client index + k * processes overall; `stride` spreads the inputs
