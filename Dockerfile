@@ -70,6 +70,8 @@ ENV BERT_HOST=0.0.0.0 \
     BERT_DRAIN_SECONDS=2 \
     BERT_IMAGE_VARIANT=$VARIANT
 EXPOSE 8000
+# gRPC (tei.v1) when BERT_GRPC_PORT sets this port (docs/grpc.md); compose and the Helm chart do
+EXPOSE 50051
 
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 CMD ["bert", "health"]
 

@@ -106,7 +106,8 @@ class Sampler:
 
     @classmethod
     def from_environment(cls) -> "Sampler":
-        return cls(os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on"),
+        # an empty variable (compose passes unset ones as "") means the default, as the SDK reads it
+        return cls(os.environ.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on",
                    os.environ.get("OTEL_TRACES_SAMPLER_ARG"))
 
     def sampled(self, trace_id: int, parent: TraceContext | None) -> bool:

@@ -38,6 +38,8 @@ def compose_config(*args: str) -> dict:
 def test_api_service_serves_on_the_gpu_with_health_and_volumes():
     api = COMPOSE["services"]["api"]
     assert "${BERT_PORT:-8000}:${BERT_PORT:-8000}" in api["ports"]
+    assert "${BERT_GRPC_PORT:-50051}:${BERT_GRPC_PORT:-50051}" in api["ports"]  # the gRPC API, published too
+    assert api["environment"]["BERT_GRPC_PORT"] == "${BERT_GRPC_PORT:-50051}"
     assert api["healthcheck"]["test"] == ["CMD", "bert", "health"]  # follows BERT_PORT inside the container
     assert api["restart"] in ("unless-stopped", "always")
     assert gpu_reservation(api) == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]

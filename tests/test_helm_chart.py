@@ -132,8 +132,9 @@ def test_probes_and_port_match_the_service(rendered):
     paths = set(create_app(Settings()).openapi()["paths"])
     for _, docs in rendered.values():
         container = api_container(docs)
-        port = container["ports"][0]
+        port, grpc_port = container["ports"]
         assert port["name"] == "http" and str(port["containerPort"]) == env_of(container)["BERT_PORT"]
+        assert grpc_port["name"] == "grpc" and str(grpc_port["containerPort"]) == env_of(container)["BERT_GRPC_PORT"]
         assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
         assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": "http"}
         assert container["startupProbe"]["httpGet"]["path"] == "/live"
@@ -200,6 +201,30 @@ def test_model_sources_and_api_key(rendered):
     assert "BERT_CHECKPOINT" not in env_of(api_container(rendered["cpu"][1]))  # bundled: the image's default
 
 
+def test_the_grpc_port_is_served_opened_and_can_be_probed(rendered, tmp_path):
+    """server.grpc: the container's second port, BERT_GRPC_PORT, the Service's grpc port and the NetworkPolicy's;
+    probes.grpcReadiness asks the gRPC health service instead of /health; off, none of it is there."""
+    docs = rendered["cpu"][1]
+    service_ports = {p["name"]: p for p in find(docs, "Service")["spec"]["ports"]}
+    assert service_ports["grpc"]["targetPort"] == "grpc" and service_ports["grpc"]["appProtocol"] == "grpc"
+    assert {"port": "grpc", "protocol": "TCP"} in find(docs, "NetworkPolicy")["spec"]["ingress"][0]["ports"]
+    assert Settings(grpc_port=int(env_of(api_container(docs))["BERT_GRPC_PORT"])).grpc_port == 50051
+    probed = render("--set", "probes.grpcReadiness=true")
+    container = api_container(probed)
+    assert container["readinessProbe"]["grpc"] == {"port": 50051, "service": ""}
+    assert "httpGet" not in container["readinessProbe"] and container["livenessProbe"]["httpGet"]["path"] == "/live"
+    path = tmp_path / "probed.yaml"
+    path.write_text(yaml.safe_dump_all(probed))
+    for version in K8S_VERSIONS:
+        done = subprocess.run([VALIDATE, "--strict", "-k", version, str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    off = render("--set", "server.grpc.enabled=false")
+    container = api_container(off)
+    assert [p["name"] for p in container["ports"]] == ["http"] and "BERT_GRPC_PORT" not in env_of(container)
+    assert [p["name"] for p in find(off, "Service")["spec"]["ports"]] == ["http"]
+    assert find(off, "NetworkPolicy")["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
 def test_model_from_the_hub_is_fetched_by_an_init_container_and_served_offline(rendered):
     pod = find(rendered["cpu-hub"][1], "Deployment")["spec"]["template"]["spec"]
     fetch, api = pod["initContainers"][0], pod["containers"][0]
@@ -246,6 +271,8 @@ def test_distributed_training_is_an_indexed_torchrun_job(rendered):
 
 
 @pytest.mark.parametrize("args, names", [
+    (["--set", "probes.grpcReadiness=true", "--set", "server.grpc.enabled=false"], "probes.grpcReadiness"),
+    (["--set", "server.grpc.port=8000"], "server.grpc.port"),
     (["-f", f"{CHART}/values-cpu.yaml", "--set", "gpu.count=1"], "gpu.count"),
     (["--set", "variant=gpu", "--set", "gpu.count=0"], "gpu.count"),
     (["--set", "shutdown.terminationGracePeriodSeconds=20"], "shutdown.terminationGracePeriodSeconds"),

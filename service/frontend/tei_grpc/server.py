@@ -81,6 +81,7 @@ class GrpcFrontEnd:
         self.health = health_aio.HealthServicer()
         self._health_task: asyncio.Task | None = None
         self._statuses: dict[str, int] = {}
+        self._counters: dict[tuple[str, grpc.StatusCode], tuple] = {}  # (method, code) -> its metrics' children
 
     # ---- life cycle ---------------------------------------------------------------------------
 
@@ -186,14 +187,20 @@ class GrpcFrontEnd:
                attributes: dict | None = None, request: bool = True) -> None:
         """A call or a stream's message answered: its metrics, spans and log line. `request`: False for a stream
         itself (its messages are the requests: they are counted, and have the spans of a request)."""
-        metrics = self.runtime.metrics
         if request:
-            metrics.requests.labels(rpc.path, code.name).inc()
-            metrics.request_seconds.labels(rpc.path).observe(time.monotonic() - record.received)
+            counted = self._counters.get((rpc.path, code))
+            if counted is None:  # labelled once per method and code, not per message
+                metrics = self.runtime.metrics
+                counted = self._counters[(rpc.path, code)] = (metrics.requests.labels(rpc.path, code.name),
+                                                              metrics.request_seconds.labels(rpc.path))
+            counted[0].inc()
+            counted[1].observe(time.monotonic() - record.received)
             if code is not grpc.StatusCode.CANCELLED:
                 self.runtime.requests.answered += 1
         if kind is not None:
-            metrics.failures.labels(rpc.path, kind).inc()
+            self.runtime.metrics.failures.labels(rpc.path, kind).inc()
+        if record.trace is None and not self.settings.log_requests:
+            return  # nothing more is kept of it
         record.finish(self.tracing, name, code.name, code in SERVER_FAULTS, {
             "rpc.system": "grpc", "rpc.service": rpc.service, "rpc.method": rpc.name,
             "rpc.grpc.status_code": code.value[0], "bert.model": self.runtime.model_name, **(attributes or {})},

@@ -12,9 +12,12 @@ import numpy as np
 # Field keys: (number << 3) | wire type (0 varint, 2 length-delimited).
 _FIELD1_BYTES = b"\x0a"
 _FIELD2_BYTES = b"\x12"
+_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
 
 
 def varint(value: int) -> bytes:
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)

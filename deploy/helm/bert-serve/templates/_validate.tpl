@@ -25,6 +25,12 @@ at `helm template` / `helm install` time rather than as a pod that never schedul
 {{- fail (printf "shutdown.terminationGracePeriodSeconds: %d s is shorter than shutdown.preStopSleepSeconds + server.drainSeconds + server.queueTimeoutSeconds = %d s; the kubelet would kill requests still being answered" ($v.shutdown.terminationGracePeriodSeconds | int) ($needed | int)) -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.probes.grpcReadiness (not $v.server.grpc.enabled) -}}
+{{- fail "probes.grpcReadiness: a gRPC readiness probe needs server.grpc.enabled (the gRPC port is closed)" -}}
+{{- end -}}
+{{- if and $v.server.grpc.enabled (eq ($v.server.grpc.port | int) ($v.server.port | int)) -}}
+{{- fail (printf "server.grpc.port: %d is server.port too; HTTP and gRPC each need their own port" ($v.server.grpc.port | int)) -}}
+{{- end -}}
 {{- if not (has $v.model.source (list "bundled" "pvc" "init" "hub")) -}}
 {{- fail (printf "model.source: must be bundled, pvc, init or hub, not %q" (toString $v.model.source)) -}}
 {{- end -}}
