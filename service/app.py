@@ -23,4 +23,4 @@ def create_app(settings: Settings | None = None, engine_factory=None) -> FastAPI
     settings = settings or Settings()
     metrics = Metrics()
     tracing = setup_tracing(settings, "server")
-    return create_http_app(Runtime(settings, LocalLink(settings, metrics, engine_factory, tracing), metrics, tracing))
+    return create_http_app(Runtime(settings, LocalLink(settings, metrics, engine_factory), metrics, tracing))

@@ -241,15 +241,26 @@ def wall_ns(monotonic: float) -> int:
     return time.time_ns() - int((time.monotonic() - monotonic) * 1e9)
 
 
+_current: Tracing | None = None
+
+
+def current() -> Tracing | None:
+    """This process's Tracing (the last `setup`'s), as OpenTelemetry keeps one tracer provider a process: what the
+    batcher records batches with, knowing nothing of how the process was started."""
+    return _current
+
+
 def setup(settings, process: str) -> Tracing | None:
     """This process's Tracing, or None when traces are off (then nothing of the SDK is imported)."""
+    global _current
+    _current = None
     if not tracing_wanted(settings.otlp_endpoint):
         return None
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     protocol = otlp_protocol(settings.otlp_protocol, settings.otlp_endpoint)
     processor = BatchSpanProcessor(_exporter(protocol, settings.otlp_endpoint))
-    tracing = Tracing(settings.otlp_service_name, process, processor)
+    tracing = _current = Tracing(settings.otlp_service_name, process, processor)
     log.info("traces: OTLP over %s to %s, sampler %s", protocol, settings.otlp_endpoint or "the OTEL_* endpoint",
              tracing.sampler.name)
     return tracing

@@ -28,7 +28,7 @@ from collections import deque
 
 from service.engine.batch_choice import choose_batch, pricing
 from service.engine.batch_types import BatchEngine, BatchPolicy, PreparedBatch
-from service.engine.tickets import Entry, LaunchedBatch, Sink, Ticket
+from service.engine.tickets import Entry, LaunchedBatch, Sink, Ticket, note_batch
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.engine.threads import lower_thread_priority, name_os_thread
@@ -64,7 +64,6 @@ class Batcher:
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
-        self.spans = None  # service.tracing.Tracing when traces are on: one span per batch holding a traced request
         self._progress_at = time.monotonic()  # when a taken batch was last done with, or work came to an idle one
 
     # ---- life cycle ----------------------------------------------------------------------------
@@ -371,27 +370,9 @@ class Batcher:
         self._fail(entries, error)
 
     def _observe(self, started: float, batch: PreparedBatch, entries: list[Entry]) -> None:
-        """A batch computed: its metrics, and in each of its requests' tickets (before any is handed back) when its
-        first batch began and the device time of its batches, with this batch's span when a request is traced."""
         elapsed = time.perf_counter() - started
         self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
-        self.metrics.observe_batch(elapsed, batch)
-        began = time.monotonic() - elapsed
-        tickets = {id(e.ticket): e.ticket for e in entries}.values()  # each request once
-        traced = [t for t in tickets if t.trace is not None] if self.spans is not None else []
-        span = None
-        if traced:
-            try:
-                span = self.spans.batch([t.trace for t in traced], began, elapsed, batch)
-            except Exception:  # noqa: BLE001 - a trace that cannot be recorded costs the batch nothing
-                log.exception("could not record the span of a batch")
-        with self._results_lock:  # another runner may be recording a batch of the same request
-            for ticket in tickets:
-                if not ticket.started or began < ticket.started:
-                    ticket.started = began
-                ticket.inference_s += elapsed
-                if span is not None and ticket.trace is not None:
-                    ticket.batch_spans = [*(ticket.batch_spans or ()), span]
+        note_batch(entries, batch, elapsed, self.metrics, self._results_lock)  # before any of them is handed back
 
     def _fail(self, entries: list[Entry], error: ServiceError) -> None:
         self._hand_back(entries, [None] * len(entries), error)

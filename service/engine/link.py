@@ -64,18 +64,16 @@ def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float,
 class LocalLink:
     """`service.frontend.link.EngineLink` for an engine in this process."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, engine_factory=None, tracing=None):
+    def __init__(self, settings: Settings, metrics: Metrics, engine_factory=None):
         self.settings = settings
         self.metrics = metrics
         self.engine_factory = engine_factory
-        self.tracing = tracing  # service.tracing.Tracing: the batches' spans (None: traces off)
         self.loaded: LoadedEngine | None = None
         self.detail = "loading the model"
 
     async def start(self, checkpoint: Path) -> ModelFacts:
         settings = self.settings.model_copy(update={"checkpoint": str(checkpoint)})
         self.loaded = await asyncio.to_thread(load_engine, settings, self.metrics, self.engine_factory)
-        self.loaded.batcher.spans = self.tracing
         self.sink = LoopSink(asyncio.get_running_loop())
         return self.loaded.facts
 

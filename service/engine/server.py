@@ -96,7 +96,7 @@ class EngineServer:
         self.metrics = Metrics()
         self.status = Status("loading", "loading the model")
         self.loaded: LoadedEngine | None = None
-        self.tracing = setup_tracing(settings, "engine")  # the batches' spans, when traces are on
+        self.tracing = setup_tracing(settings, "engine")  # the batches' spans (the batcher finds it), when traces are on
         self.stopping = threading.Event()
 
     def run(self) -> int:
@@ -135,7 +135,6 @@ class EngineServer:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             self._set_status(Status("failed", str(exc)))
             return
-        self.loaded.batcher.spans = self.tracing
         freeze_loaded_objects()
         self._set_status(Status("ready", facts=self.loaded.facts))
 

@@ -3,14 +3,18 @@ in the queue, and a `LaunchedBatch` on an asynchronous device."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from service import tracing
 from service.errors import ServiceError
 
 if TYPE_CHECKING:
     from service.engine.batch_types import PreparedBatch
+
+log = logging.getLogger("service")
 
 
 class Sink(Protocol):
@@ -75,3 +79,28 @@ class Entry:
 
     def __post_init__(self) -> None:
         self.length = len(self.item)
+
+
+def note_batch(entries: list[Entry], batch: PreparedBatch, seconds: float, metrics, lock) -> None:
+    """A batch computed in `seconds`: its metrics; in each of its requests' tickets, when its first batch began and
+    the device time of its batches; and, when this process traces (service.tracing.current()) and a request in it is
+    traced, one span for the batch, linked to each traced request, whose traceparent each of them keeps. Called
+    before any of these tickets is handed back; `lock` (the batcher's results lock) is held while they are written,
+    since another runner may be noting a batch of the same request."""
+    metrics.observe_batch(seconds, batch)
+    began = time.monotonic() - seconds
+    tickets = {id(e.ticket): e.ticket for e in entries}.values()  # each request once
+    traced = [t.trace for t in tickets if t.trace is not None]
+    span, spans = None, tracing.current() if traced else None
+    if spans is not None:
+        try:
+            span = spans.batch(traced, began, seconds, batch)
+        except Exception:  # noqa: BLE001 - a trace that cannot be recorded costs the batch nothing
+            log.exception("could not record the span of a batch")
+    with lock:
+        for ticket in tickets:
+            if not ticket.started or began < ticket.started:
+                ticket.started = began
+            ticket.inference_s += seconds
+            if span is not None and ticket.trace is not None:
+                ticket.batch_spans = [*(ticket.batch_spans or ()), span]

@@ -10,6 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+import grpc
+
+from service.errors import ServiceError
 from service.frontend.frontdoor import FrontDoor, Waiter
 from service.frontend.inputs import Preparation, preparation
 from service.frontend.outputs import labelled
@@ -18,7 +21,7 @@ from service.frontend.rerank import best_first, rerank_scores
 from service.frontend.runtime import Runtime
 from service.frontend.tei_grpc import tei_pb2 as pb
 from service.frontend.tei_grpc import wire
-from service.frontend.tei_grpc.errors import invalid
+from service.frontend.tei_grpc.errors import CallError, invalid
 
 DIRECTIONS = {pb.TRUNCATION_DIRECTION_RIGHT: "right", pb.TRUNCATION_DIRECTION_LEFT: "left"}
 MODEL_TYPES = {"embedding": pb.MODEL_TYPE_EMBEDDING, "classifier": pb.MODEL_TYPE_CLASSIFIER,
@@ -171,6 +174,19 @@ async def info(call: Call, m: pb.InfoRequest) -> bytes:
         max_batch_tokens=facts["max_batch_tokens"], max_batch_requests=facts["max_batch_requests"],
         max_client_batch_size=facts["max_client_batch_size"], tokenization_workers=facts["tokenization_workers"],
     ).SerializeToString()
+
+
+def parse(rpc: "Rpc", raw: bytes, limit: int):
+    """The call's request message from its bytes: INVALID_ARGUMENT when they are not one (the gRPC library's own
+    deserializer would answer INTERNAL), RESOURCE_EXHAUSTED over `limit` (max_body_bytes)."""
+    if len(raw) > limit:
+        raise ServiceError("payload_too_large", f"the message has {len(raw)} bytes; the limit is {limit} "
+                                                "(max_body_bytes)")
+    try:
+        return rpc.request.FromString(raw)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and its kin: the client's bytes
+        raise CallError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"the message is not a valid {rpc.request.DESCRIPTOR.full_name} ({exc})", "validation") from None
 
 
 Answer = Callable[[Call, object], Awaitable[bytes]]

@@ -14,7 +14,7 @@ same runtime: its front door and engine, admission count, API key, metrics, trac
   reading, and HTTP/2 flow control holds its client back) instead of failing, as TEI's streams wait for a permit.
   The first message that fails ends the stream with its status, after the answers of every message before it.
   A stream with nothing in flight that sends nothing for keep_alive_s ends DEADLINE_EXCEEDED (a stalled client
-  holds a slot of grpc's concurrent calls, max_connections a front end, not forever).
+  holds a slot of grpc's concurrent calls, max_connections a front end, not forever). `streams` runs them.
 - The client's deadline is each message's too: the engine drops inputs that cannot reach the device by it. A
   call that ends early (cancelled, past its deadline) cancels what it had queued.
 - Each call and each stream message gets a request record (`service.frontend.request_record`): its id (the
@@ -38,35 +38,17 @@ from service.errors import ServiceError
 from service.frontend.api_key import MESSAGE as KEY_MESSAGE, key_matches
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.request_record import RequestRecord
-from service.frontend.rerank import require_cross_encoder
 from service.frontend.runtime import Runtime
-from service.frontend.tei_grpc import methods, tei_pb2
+from service.frontend.tei_grpc import streams
 from service.frontend.tei_grpc.errors import SERVER_FAULTS, CallError, status_of
-from service.frontend.tei_grpc.methods import RPCS, SERVICES, Call, Rpc
+from service.frontend.tei_grpc.methods import RPCS, SERVICES, Call, Rpc, parse
+from service.frontend.tei_grpc.streams import call_metadata
 from service.logs import CURRENT_REQUEST
-from service.tracing import TraceContext
 
 log = logging.getLogger("service")
 OK = grpc.StatusCode.OK
 HEALTH_EVERY_S = 0.5  # how often the health service's statuses are brought up to date
 ADMISSION_POLL_S = 0.002  # how often a stream that waits for an admission slot looks again
-RANK_BYTES = 24  # a Rank's share of a RerankStream's answer without its text, for the answer's size bound
-_END, _IDLE = object(), object()  # a stream's reader: the client finished; nothing heard for keep_alive_s
-
-
-def _metadata(context) -> dict[str, str]:
-    return {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
-
-
-def _parse(rpc: Rpc, raw: bytes, limit: int):
-    if len(raw) > limit:
-        raise ServiceError("payload_too_large", f"the message has {len(raw)} bytes; the limit is {limit} "
-                                                "(max_body_bytes)")
-    try:
-        return rpc.request.FromString(raw)
-    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and its kin: the client's bytes
-        raise CallError(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"the message is not a valid {rpc.request.DESCRIPTOR.full_name} ({exc})", "validation") from None
 
 
 class GrpcFrontEnd:
@@ -146,15 +128,15 @@ class GrpcFrontEnd:
             if rpc.kind == "unary":  # read as a stream of one message: see _unary_handler
                 handler = grpc.stream_stream_rpc_method_handler(self._unary_handler(rpc))
             elif rpc.kind == "stream":
-                handler = grpc.stream_stream_rpc_method_handler(self._stream_handler(rpc))
+                handler = grpc.stream_stream_rpc_method_handler(streams.answer_each(self, rpc))
             else:
-                handler = grpc.stream_unary_rpc_method_handler(self._collect_handler(rpc))
+                handler = grpc.stream_unary_rpc_method_handler(streams.rerank_stream(self, rpc))
             by_service.setdefault(rpc.service, {})[rpc.name] = handler
         return [grpc.method_handlers_generic_handler(service, table) for service, table in by_service.items()]
 
     # ---- what every call does ------------------------------------------------------------------
 
-    def _open(self, metadata: dict[str, str]) -> FrontDoor:
+    def open_call(self, metadata: dict[str, str]) -> FrontDoor:
         """The key (UNAUTHENTICATED before anything else), then a ready front door (UNAVAILABLE while loading,
         draining or failed)."""
         key = self.settings.api_key
@@ -162,19 +144,19 @@ class GrpcFrontEnd:
             raise CallError(grpc.StatusCode.UNAUTHENTICATED, KEY_MESSAGE, "unauthorized")
         return self.runtime.ready_frontdoor()
 
-    def _admit(self) -> None:
+    def admit(self) -> None:
         limit = self.settings.max_concurrent_requests
         if self.requests.total() >= limit:
             raise ServiceError("overloaded", f"{limit} requests are being handled already; retry later")
         self.requests.add(1)
 
-    async def _admit_waiting(self) -> None:
+    async def admit_waiting(self) -> None:
         limit = self.settings.max_concurrent_requests
         while self.requests.total() >= limit:
             await asyncio.sleep(ADMISSION_POLL_S)
         self.requests.add(1)
 
-    def _begin(self, rpc: Rpc, context, metadata: dict[str, str]) -> RequestRecord:
+    def begin(self, rpc: Rpc, context, metadata: dict[str, str]) -> RequestRecord:
         record = RequestRecord.begin(rpc.path, metadata.get("x-request-id"), metadata.get("traceparent"),
                                      self.tracing)
         remaining = context.time_remaining()
@@ -183,7 +165,7 @@ class GrpcFrontEnd:
         context.set_trailing_metadata((("x-request-id", record.request_id),))
         return record
 
-    def _ended(self, rpc: Rpc, record: RequestRecord, code: grpc.StatusCode, kind: str | None, name: str,
+    def ended(self, rpc: Rpc, record: RequestRecord, code: grpc.StatusCode, kind: str | None, name: str,
                attributes: dict | None = None, request: bool = True) -> None:
         """A call or a stream's message answered: its metrics, spans and log line. `request`: False for a stream
         itself (its messages are the requests: they are counted, and have the spans of a request)."""
@@ -207,7 +189,7 @@ class GrpcFrontEnd:
             self.settings.log_requests, error=kind, children=request)
 
     @staticmethod
-    def _cancelled_code(context) -> grpc.StatusCode:
+    def cancelled_code(context) -> grpc.StatusCode:
         remaining = context.time_remaining()
         return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 \
             else grpc.StatusCode.CANCELLED
@@ -220,27 +202,27 @@ class GrpcFrontEnd:
         a call slot for as long as its connection lives; here the message must be whole within body_timeout_s, as
         an HTTP body (DEADLINE_EXCEEDED past it). It costs a unary call ~15% more of the library's CPU."""
         async def handler(request_iterator, context):
-            metadata = _metadata(context)
-            record = self._begin(rpc, context, metadata)
+            metadata = call_metadata(context)
+            record = self.begin(rpc, context, metadata)
             token = CURRENT_REQUEST.set(record)
             self.runtime.requests.accepted += 1
             admitted, answer, code, kind, message = False, None, OK, None, ""
             try:
-                door = self._open(metadata)
+                door = self.open_call(metadata)
                 raw = await self._one_message(request_iterator)
                 if rpc.computes:
-                    self._admit()
+                    self.admit()
                     admitted = True
-                answer = await rpc.answer(Call(self.runtime, door, None, record), _parse(rpc, raw, self.settings.max_body_bytes))
+                answer = await rpc.answer(Call(self.runtime, door, None, record), parse(rpc, raw, self.settings.max_body_bytes))
             except asyncio.CancelledError:
-                code = self._cancelled_code(context)
+                code = self.cancelled_code(context)
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is answered with its status (errors.py)
                 code, message, kind = status_of(exc, rpc.path)
             finally:
                 if admitted:
                     self.requests.add(-1)
-                self._ended(rpc, record, code, kind, rpc.path[1:])
+                self.ended(rpc, record, code, kind, rpc.path[1:])
                 CURRENT_REQUEST.reset(token)
             if answer is None:
                 await context.abort(code, message)
@@ -257,156 +239,3 @@ class GrpcFrontEnd:
         except TimeoutError:
             raise ServiceError("request_timeout", f"the request message did not arrive in full within {limit:g} s "
                                                   "(body_timeout_s)") from None
-
-    # ---- streams -------------------------------------------------------------------------------
-
-    def _stream_handler(self, rpc: Rpc):
-        async def handler(request_iterator, context):
-            async for answer in self._stream(rpc, request_iterator, context, rpc.answer):
-                yield answer
-
-        return handler
-
-    def _collect_handler(self, rpc: Rpc):
-        async def handler(request_iterator, context):
-            """RerankStream: a (query, text) pair a message, one ranking of them all at the end."""
-            first: dict[str, bool] = {}
-            limit = self.settings.max_response_mb * 1e6
-            size = 0
-
-            async def score(call: Call, m: tei_pb2.RerankStreamRequest):
-                nonlocal size
-                if not first:  # the stream's first message sets raw_scores and return_text (messages start in order)
-                    first.update(raw=m.raw_scores, text=m.return_text)
-                    require_cross_encoder(call.door, "RerankStream")
-                size += RANK_BYTES + (len(m.text.encode()) if first["text"] else 0)
-                if size > limit:
-                    raise ServiceError("validation", f"the ranking would exceed {self.settings.max_response_mb:g} MB "
-                                                     "(max_response_mb); send fewer pairs per stream")
-                return await methods.rerank_one(call, m, first["raw"]), m.text if first["text"] else None, call.record
-
-            started = time.monotonic()
-            scored = [one async for one in self._stream(rpc, request_iterator, context, score)]
-            if not scored:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the stream sent no (query, text) pair to rank")
-            order = sorted(range(len(scored)), key=lambda i: -scored[i][0])  # stable: ties keep the sent order
-            return methods.ranks_answer([(i, scored[i][0], scored[i][1]) for i in order],
-                                        methods.mean_metadata([record for _, _, record in scored], started))
-
-        return handler
-
-    async def _stream(self, rpc: Rpc, request_iterator, context, answer_one):
-        """Each message's answer (`answer_one(call, message)`), in the order sent; a failure ends the call with its
-        status, after the answers before it. The reader holds a message's admission slot from before its task starts
-        until its answer is taken here (or the stream ends)."""
-        metadata = _metadata(context)
-        record = self._begin(rpc, context, metadata)
-        loop = asyncio.get_running_loop()
-        code, kind, message = OK, None, ""
-        messages = 0
-        try:
-            self._open(metadata)
-        except Exception as exc:  # noqa: BLE001 - refused before reading anything
-            code, message, kind = status_of(exc, rpc.path)
-            self._ended(rpc, record, code, kind, rpc.path[1:], request=False)
-            await context.abort(code, message)
-
-        window = asyncio.Semaphore(self.settings.grpc_stream_window)
-        queue: asyncio.Queue = asyncio.Queue()
-        idle_s = self.settings.keep_alive_s
-        state = {"heard": loop.time(), "in_flight": 0, "done": False}
-        parent = record.trace or record.caller
-
-        def spawn(raw: bytes, index: int) -> asyncio.Task:
-            return loop.create_task(self._message(rpc, raw, index, record, parent, answer_one))
-
-        async def read() -> None:
-            index = 0
-            try:
-                async for raw in request_iterator:
-                    state["heard"] = loop.time()
-                    await window.acquire()
-                    if rpc.computes:
-                        await self._admit_waiting()
-                    index += 1
-                    state["in_flight"] += 1
-                    queue.put_nowait(spawn(raw, index))
-                queue.put_nowait(_END)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the library failed to read (a client that reset the stream)
-                queue.put_nowait(exc)
-
-        def watch_idle() -> None:
-            if state["done"]:
-                return
-            quiet = loop.time() - state["heard"]
-            if quiet >= idle_s and not state["in_flight"]:
-                queue.put_nowait(_IDLE)
-                return
-            state["timer"] = loop.call_later(max(0.05, idle_s - quiet), watch_idle)
-
-        reader = loop.create_task(read())
-        state["timer"] = loop.call_later(idle_s, watch_idle)
-        try:
-            while True:
-                item = await queue.get()
-                if item is _END:
-                    break
-                if item is _IDLE:
-                    raise ServiceError("request_timeout", f"the stream sent no message for {idle_s:g} s with none in "
-                                                          "flight (keep_alive_s); open a new one when there is more")
-                if isinstance(item, BaseException):
-                    raise item
-                try:
-                    answer = await item
-                finally:
-                    self._release(rpc, window, state)
-                messages += 1
-                yield answer
-        except (asyncio.CancelledError, GeneratorExit):
-            code = self._cancelled_code(context)
-            raise
-        except Exception as exc:  # noqa: BLE001 - the message's status ends the stream
-            code, message, kind = status_of(exc, rpc.path)
-        finally:
-            state["done"] = True
-            state["timer"].cancel()
-            reader.cancel()
-            while not queue.empty():  # messages not answered: their inputs are dropped from the engine's queue
-                left = queue.get_nowait()
-                if isinstance(left, asyncio.Task):
-                    left.cancel()
-                    self._release(rpc, window, state)
-            self._ended(rpc, record, code, kind, rpc.path[1:], {"bert.messages": messages}, request=False)
-        if code is not OK:
-            await context.abort(code, message)
-
-    def _release(self, rpc: Rpc, window: asyncio.Semaphore, state: dict) -> None:
-        """A stream's message is done with: its place in the window, and its admission slot."""
-        window.release()
-        state["in_flight"] -= 1
-        if rpc.computes:
-            self.requests.add(-1)
-
-    async def _message(self, rpc: Rpc, raw: bytes, index: int, stream: RequestRecord, parent: TraceContext | None,
-                       answer_one):
-        """One message of a stream, in its own task, with its own request record."""
-        record = RequestRecord(f"{stream.request_id}.{index}", rpc.path, time.monotonic(), caller=parent,
-                               deadline=stream.deadline)
-        if stream.trace is not None:
-            record.trace = TraceContext(stream.trace.trace_id, self.tracing.new_id())
-        CURRENT_REQUEST.set(record)  # this task's own context
-        self.runtime.requests.accepted += 1
-        code, kind = OK, None
-        try:
-            door = self.runtime.ready_frontdoor()  # a draining server takes no new message (as HTTP, no new request)
-            return await answer_one(Call(self.runtime, door, None, record), _parse(rpc, raw, self.settings.max_body_bytes))
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception as exc:  # noqa: BLE001 - carried to the stream, which ends with it
-            code, message, kind = status_of(exc, rpc.path)
-            raise CallError(code, message, kind) from None
-        finally:
-            self._ended(rpc, record, code, kind, f"{rpc.path[1:]} message", {"bert.message": index})
