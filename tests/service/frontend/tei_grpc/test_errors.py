@@ -6,7 +6,6 @@ engine that blocks until released."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import grpc
@@ -14,23 +13,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from service.engine.engine import Engine
 from tests.service.frontend.tei_grpc.conftest import in_process, stubs
+from tests.service.frontend.test_errors import GatedEngine  # blocks inside run() until released
 
 pytestmark = pytest.mark.anyio
 INVALID, UNAVAILABLE = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE
-
-
-class GatedEngine(Engine):
-    """Blocks inside run() until released, so that a test holds requests in the engine as long as it likes."""
-
-    gate = threading.Event()
-    entered = threading.Event()
-
-    def run(self, batch):
-        self.entered.set()
-        self.gate.wait(30)
-        return super().run(batch)
 
 
 def gated():
