@@ -167,12 +167,13 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field("text", description=(
         "Server log lines: text, or json: one JSON object a line (time, level, message, logger, process, and on a line "
         "written while a request is handled its request_id, trace_id and route), for collectors that parse logs "
-        "(text-embeddings-inference's --json-output). JSON costs the front ends a record per request (~3 us) to "
+        "(text-embeddings-inference's --json-output). JSON costs the front ends a record per request (a few us) to "
         "carry those ids."))
     log_requests: bool = Field(False, description=(
         "One log line per answered request (an HTTP request, a gRPC call, a gRPC stream's message): route, status, "
         "duration, request id and, in JSON, trace id. Ties a client's x-request-id to the server's view of it; costs "
-        "a line and ~10 us of front-end CPU a request, which one-sentence traffic on a GPU host notices."))
+        "a line and ~25 us of front-end CPU a request (a tenth of a one-sentence request's), which one-sentence "
+        "traffic on a GPU host notices."))
     otlp_endpoint: str | None = Field(None, description=(
         "Export OpenTelemetry traces to this OTLP collector: http://host:4317 (OTLP over gRPC) or http://host:4318 "
         "(OTLP over HTTP; otlp_protocol). One span per request (route, model, inputs, tokens) with children for "

@@ -38,7 +38,7 @@ class Ticket:
     trace: str | None = None  # the request's W3C traceparent when it is traced (its batches' spans link to it)
     results: list = field(init=False)
     missing: int = field(init=False)
-    # Where its time went, recorded by the batcher as its batches finish (service.engine.batcher.Batcher._observe):
+    # Where its time went, noted as its batches finish (`note_batch`, below):
     started: float = field(init=False, default=0.0)  # time.monotonic() when its first batch began; 0: none yet
     inference_s: float = field(init=False, default=0.0)  # device time of its batches, each counted once
     batch_spans: list | None = field(init=False, default=None)  # its batches' traceparents (traced requests only)

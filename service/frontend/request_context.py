@@ -43,8 +43,8 @@ class RequestContext:
             header = (REQUEST_ID, request_id(incoming).encode())
 
             async def send_with_id(message):
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", ()), header]}
+                if message["type"] == "http.response.start":  # a fresh dict each time; its header list is not copied
+                    message["headers"] = [*message.get("headers", ()), header]  # ... but may be the response's own
                 await send(message)
 
             return await self.app(scope, receive, send_with_id)
@@ -57,7 +57,7 @@ class RequestContext:
         async def send_recorded(message):
             if message["type"] == "http.response.start":
                 answer["status"] = message["status"]
-                message = {**message, "headers": [*message.get("headers", ()), header]}
+                message["headers"] = [*message.get("headers", ()), header]
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body", False):
                 answer["ended"] = time.monotonic()

@@ -20,6 +20,7 @@ wall-clock nanoseconds once, when the spans are recorded.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -31,6 +32,10 @@ log = logging.getLogger("service.requests")
 MAX_REQUEST_ID = 128  # characters of an incoming request id kept; longer or unprintable ones are replaced
 
 
+_PROCESS_ID = os.urandom(6).hex()  # new ids: this process's random prefix and a count, unique across processes
+_COUNT = itertools.count(1)
+
+
 def request_id(incoming: str | bytes | None) -> str:
     """The client's request id when it is 1 to 128 printable ASCII characters without spaces, else a new one."""
     if incoming:
@@ -38,7 +43,7 @@ def request_id(incoming: str | bytes | None) -> str:
             incoming = incoming.decode("latin-1")
         if len(incoming) <= MAX_REQUEST_ID and all("!" <= c <= "~" for c in incoming):
             return incoming
-    return os.urandom(12).hex()
+    return f"{_PROCESS_ID}{next(_COUNT):08x}"  # no system call per request, as os.urandom would make
 
 
 @dataclass(slots=True, eq=False)
