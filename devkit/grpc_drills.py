@@ -155,7 +155,8 @@ async def tiny_messages(target: str, count: int, front_ends: list[int]) -> dict:
     probe_latencies.sort()
     return {"messages": count, "answers": answers, "messages_per_s": round(answers / seconds),
             "seconds": round(seconds, 1), "front_end_rss_growth_mib": round(grown / 1024, 1),
-            "probe_calls": len(probe_latencies), "probe_p50_ms": round(1000 * probe_latencies[len(probe_latencies) // 2], 1),
+            "probe_calls": len(probe_latencies),
+            "probe_p50_ms": round(1000 * probe_latencies[len(probe_latencies) // 2], 1),
             "probe_max_ms": round(1000 * probe_latencies[-1], 1)}
 
 

@@ -2,7 +2,7 @@
 (request and response types, which side streams, options), each message's fields (name, number, type, label,
 message or enum type, proto3 `optional`) and each enum's values.
 
-    python -m devkit.proto_facts path/to/tei.proto --source "huggingface/text-embeddings-inference proto/tei.proto @<commit>"
+    python -m devkit.proto_facts path/to/tei.proto --source "text-embeddings-inference proto/tei.proto @<commit>"
 
 compiles the file with grpcio-tools and prints its facts. tests/service/frontend/tei_grpc/data/tei_proto_facts.json was
 made so from text-embeddings-inference's published file; tests/service/frontend/tei_grpc/test_proto.py compares our

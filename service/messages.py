@@ -60,7 +60,7 @@ class Submit:
     request_id: int
     items: list[Item]
     deadline: float  # time.monotonic() by which they must reach the device (one clock for every process of a host)
-    trace: str | None = None  # the request span's W3C traceparent when it is traced (service.tracing): its batches link to it
+    trace: str | None = None  # the request span's W3C traceparent when traced (service.tracing): its batches link to it
 
 
 @dataclass

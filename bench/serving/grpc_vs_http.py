@@ -93,7 +93,8 @@ def median_run(runs: list[Run]) -> Run:
 
 def table(runs: list[Run]) -> str:
     lines = ["| protocol | workers | clients x depth | sentences/s | server CPU ms/sentence | front ends ms/sentence "
-             "| cores busy | p50 ms | p99 ms | runs (sentences/s) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| cores busy | p50 ms | p99 ms | runs (sentences/s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for protocol in ("http", "grpc"):
         mine = [r for r in runs if r.protocol == protocol]
         if not mine:

@@ -85,8 +85,8 @@ def measure(row: str, repo: Path, checkpoint: Path, collector: SpanCounter, clie
         process.wait(60)
     received = collector.count - before  # to the server's exit, which sends what it still held
     latencies.sort()
-    return Run(row, answered / wall, 1000 * latencies[len(latencies) // 2], 1000 * latencies[int(len(latencies) * 0.99)],
-               received)
+    return Run(row, answered / wall, 1000 * latencies[len(latencies) // 2],
+               1000 * latencies[int(len(latencies) * 0.99)], received)
 
 
 def median(values: list[float]) -> float:

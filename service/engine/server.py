@@ -96,7 +96,7 @@ class EngineServer:
         self.metrics = Metrics()
         self.status = Status("loading", "loading the model")
         self.loaded: LoadedEngine | None = None
-        self.tracing = setup_tracing(settings, "engine")  # the batches' spans (the batcher finds it), when traces are on
+        self.tracing = setup_tracing(settings, "engine")  # traces on: the batches' spans (the batcher finds it)
         self.stopping = threading.Event()
 
     def run(self) -> int:

@@ -32,7 +32,8 @@ def test_grpc_against_http_measures_both_protocols(tmp_path):
 def test_tracing_cost_runs_base_off_and_on(tmp_path):
     out = tmp_path / "tracing.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.serving.tracing_cost", "--base", str(REPO_ROOT), "--clients", "4", "--inputs", "2", "--seconds", "1.5", "--rounds", "1", "--json", str(out)],
+        [sys.executable, "-m", "bench.serving.tracing_cost", "--base", str(REPO_ROOT), "--clients", "4",
+         "--inputs", "2", "--seconds", "1.5", "--rounds", "1", "--json", str(out)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=500)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(out.read_text())

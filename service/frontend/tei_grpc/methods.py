@@ -185,8 +185,8 @@ def parse(rpc: "Rpc", raw: bytes, limit: int):
     try:
         return rpc.request.FromString(raw)
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and its kin: the client's bytes
-        raise CallError(grpc.StatusCode.INVALID_ARGUMENT,
-                        f"the message is not a valid {rpc.request.DESCRIPTOR.full_name} ({exc})", "validation") from None
+        raise CallError(grpc.StatusCode.INVALID_ARGUMENT, f"the message is not a valid "
+                        f"{rpc.request.DESCRIPTOR.full_name} ({exc})", "validation") from None
 
 
 Answer = Callable[[Call, object], Awaitable[bytes]]

@@ -9,9 +9,10 @@ same runtime: its front door and engine, admission count, API key, metrics, trac
   INVALID_ARGUMENT naming the call (the library's own deserializer would answer INTERNAL). Answers leave as bytes
   (`wire` writes the vectors).
 - A unary call is one request: its message whole within body_timeout_s (as an HTTP body), refused with
-  RESOURCE_EXHAUSTED when max_concurrent_requests are in flight (HTTP's 429). A stream's messages are computed concurrently, at most grpc_stream_window at once, each answered in the
-  order sent, each holding an admission slot while it computes; when the server is full a stream waits (it stops
-  reading, and HTTP/2 flow control holds its client back) instead of failing, as TEI's streams wait for a permit.
+  RESOURCE_EXHAUSTED when max_concurrent_requests are in flight (HTTP's 429). A stream's messages are computed
+  concurrently, at most grpc_stream_window at once, each answered in the order sent, each holding an admission slot
+  while it computes; when the server is full a stream waits (it stops reading, and HTTP/2 flow control holds its
+  client back) instead of failing, as TEI's streams wait for a permit.
   The first message that fails ends the stream with its status, after the answers of every message before it.
   A stream with nothing in flight that sends nothing for keep_alive_s ends DEADLINE_EXCEEDED (a stalled client
   holds a slot of grpc's concurrent calls, max_connections a front end, not forever). `streams` runs them.
@@ -213,7 +214,8 @@ class GrpcFrontEnd:
                 if rpc.computes:
                     self.admit()
                     admitted = True
-                answer = await rpc.answer(Call(self.runtime, door, None, record), parse(rpc, raw, self.settings.max_body_bytes))
+                request = parse(rpc, raw, self.settings.max_body_bytes)
+                answer = await rpc.answer(Call(self.runtime, door, None, record), request)
             except asyncio.CancelledError:
                 code = self.cancelled_code(context)
                 raise

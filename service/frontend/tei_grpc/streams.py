@@ -42,9 +42,10 @@ def answer_each(front: GrpcFrontEnd, rpc: Rpc):
 
     return handler
 
+
 def rerank_stream(front: GrpcFrontEnd, rpc: Rpc):
+    """The handler of RerankStream: a (query, text) pair a message, one ranking of them all at the end."""
     async def handler(request_iterator, context):
-        """RerankStream: a (query, text) pair a message, one ranking of them all at the end."""
         first: dict[str, bool] = {}
         limit = front.settings.max_response_mb * 1e6
         size = 0
@@ -69,6 +70,7 @@ def rerank_stream(front: GrpcFrontEnd, rpc: Rpc):
                                     methods.mean_metadata([record for _, _, record in scored], started))
 
     return handler
+
 
 async def answers(front: GrpcFrontEnd, rpc: Rpc, request_iterator, context, answer_one):
     """Each message's answer (`answer_one(call, message)`), in the order sent; a failure ends the call with its
@@ -157,12 +159,14 @@ async def answers(front: GrpcFrontEnd, rpc: Rpc, request_iterator, context, answ
     if code is not OK:
         await context.abort(code, message)
 
+
 def _release(front: GrpcFrontEnd, rpc: Rpc, window: asyncio.Semaphore, state: dict) -> None:
     """A stream's message is done with: its place in the window, and its admission slot."""
     window.release()
     state["in_flight"] -= 1
     if rpc.computes:
         front.requests.add(-1)
+
 
 async def _message(front: GrpcFrontEnd, rpc: Rpc, raw: bytes, index: int, stream: RequestRecord,
                    parent: TraceContext | None, answer_one):
