@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import random
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -78,22 +79,28 @@ def stalled_calls(target: str, stalled: int, calls: int, wait_s: float) -> dict:
         raw.send_partial_message(declared=200, sent=10)
         opened.append((path, raw))
     stalled_at = time.monotonic()
-    codes, latencies = asyncio.run(complete_calls(target, calls))
-    answered_after = time.monotonic() - stalled_at
     ended: dict[str, list[float]] = {"stream": [], "unary": []}
-    never = 0
-    for path, raw in opened:
-        took = raw.wait_for_end(max(0.1, wait_s - (time.monotonic() - stalled_at)))
-        if took is None:
-            never += 1
+    never = []
+
+    def watch(path: str, raw: RawCall) -> None:  # reads the connection throughout, as a client's HTTP/2 layer does
+        if raw.wait_for_end(wait_s) is None:
+            never.append(path)
         else:
             ended["stream" if path.endswith("Stream") else "unary"].append(time.monotonic() - stalled_at)
         raw.close()
+
+    watchers = [threading.Thread(target=watch, args=pair, daemon=True) for pair in opened]
+    for watcher in watchers:
+        watcher.start()
+    codes, latencies = asyncio.run(complete_calls(target, calls))
+    answered_after = time.monotonic() - stalled_at
+    for watcher in watchers:
+        watcher.join(wait_s + 5)
     latencies.sort()
     return {"stalled": stalled, "complete_calls": dict(codes), "complete_p50_ms": 1000 * latencies[len(latencies) // 2],
             "complete_max_ms": 1000 * latencies[-1], "all_complete_answered_after_s": answered_after,
             "stalled_streams_ended_s": _span(ended["stream"]), "stalled_unary_ended_s": _span(ended["unary"]),
-            "stalled_never_ended": never}
+            "stalled_never_ended": len(never)}
 
 
 def _span(values: list[float]) -> list[float] | None:

@@ -7,7 +7,8 @@ nothing, the gRPC form of a stalled HTTP body.
     call.wait_for_end(timeout_s=10)                    # seconds until the server ended the stream (or None)
 
 Only what the drills need: one stream a connection, literal (never Huffman-coded) HPACK headers out, the server's
-frames read only to acknowledge its settings and to notice the stream's end (trailers or RST_STREAM).
+frames read to acknowledge its settings, answer its pings and notice the stream's end (trailers or RST_STREAM). Keep
+reading while the call stalls (`wait_for_end` in a thread of its own), as a client's HTTP/2 layer would.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import struct
 import time
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0x0, 0x1, 0x3, 0x4, 0x7
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0x0, 0x1, 0x3, 0x4, 0x6, 0x7
 END_STREAM, END_HEADERS, ACK = 0x1, 0x4, 0x1
 STREAM = 1
 
@@ -80,9 +81,13 @@ class RawCall:
                 self._buffer += chunk
             kind, flags = self._buffer[3], self._buffer[4]
             stream = int.from_bytes(self._buffer[5:9], "big") & 0x7FFFFFFF
-            self._buffer = self._buffer[9 + length:]
-            if kind == SETTINGS and not flags & ACK:  # the server's settings: acknowledged, as a client must
+            payload, self._buffer = self._buffer[9:9 + length], self._buffer[9 + length:]
+            # What any HTTP/2 client does below its application, stalled or not: acknowledge the server's settings and
+            # answer its pings (gRPC's bandwidth probes; unanswered, the server drops the connection as dead).
+            if kind == SETTINGS and not flags & ACK:
                 self.sock.sendall(frame(SETTINGS, ACK, 0))
+            elif kind == PING and not flags & ACK:
+                self.sock.sendall(frame(PING, ACK, 0, payload))
             if wanted(kind, flags, stream):
                 return
 
