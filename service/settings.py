@@ -192,9 +192,9 @@ class Settings(BaseSettings):
     grpc_port: int | None = Field(None, ge=1, le=65535, description=(
         "Also serve text-embeddings-inference's gRPC API (package tei.v1: Info, Embed, Predict, Rerank and "
         "Tokenize with their streaming calls; reflection; the standard health service) on this port, from the "
-        "same front ends, admission limit, API key, metrics and engine as HTTP (docs/grpc.md). Streams of "
-        "one-input messages cost a front end less CPU than one-input HTTP requests. Off by default: one port "
-        "less to expose and secure."))
+        "same front ends, admission limit, API key, metrics and engine as HTTP (docs/grpc.md). A stream keeps many "
+        "inputs in flight on one connection (fuller batches); each of its messages costs a front end about what a "
+        "one-input HTTP request does. Off by default: one port less to expose and secure."))
     grpc_stream_window: int = Field(64, ge=1, le=4096, description=(
         "Messages of one gRPC stream computed at once, each holding an admission slot while it does; later "
         "messages wait in the connection's flow control. Higher lets one stream fill larger batches; lower keeps "
