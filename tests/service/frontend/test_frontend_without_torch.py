@@ -1,4 +1,4 @@
-"""An HTTP front end loads no torch: it reads the checkpoint's text files (model/checkpoint_files.py) and leaves
+"""An HTTP front end (with its gRPC API and traces) loads no torch: it reads the checkpoint's text files (model/checkpoint_files.py) and leaves
 the weights to the engine. Up to one front end per core runs beside the engine; torch would cost each of them
 ~250 MiB and seconds of start (docs/processes.md, `python -m bench.serving.frontend_footprint`)."""
 
@@ -16,9 +16,13 @@ import service.frontend.worker  # the front-end process's module (python -m serv
 from service.frontend import runtime
 from service.frontend.app import create_http_app
 from service.settings import Settings
-state = runtime.Runtime(Settings(checkpoint=sys.argv[1]), link=None)
+from service.tracing import setup
+# With the gRPC API and traces on: their modules (the gRPC server, the OpenTelemetry SDK and exporter) come in too.
+settings = Settings(checkpoint=sys.argv[1], grpc_port=50051, otlp_endpoint="http://127.0.0.1:4317")
+state = runtime.Runtime(settings, link=None, tracing=setup(settings, "front-end-0"))
 state.checkpoint = runtime.load_checkpoint_files(sys.argv[1])  # what Runtime.start reads
 create_http_app(state)
+import service.frontend.tei_grpc.server, opentelemetry.exporter.otlp.proto.grpc.trace_exporter  # noqa: E401
 print(json.dumps({"torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
                   "vocab": state.checkpoint.tokenizer.vocab_size, "model": state.checkpoint.model is None}))
 """
