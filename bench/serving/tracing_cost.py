@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.serving.load import drive_processes
+from bench.serving.server_cpu import cpu_seconds, process_tree
 from bench.serving.throughput import sentences
 from devkit.paths import REPO_ROOT
 from devkit.server import free_port, start
@@ -38,6 +39,7 @@ class Run:
     p50_ms: float
     p99_ms: float
     spans_received: int  # by the collector from the run's start to the server's exit (on only)
+    server_cpu_ms_per_sentence: float  # every process of the server, from /proc: less noisy than sentences/s
 
 
 class SpanCounter:
@@ -78,15 +80,18 @@ def measure(row: str, repo: Path, checkpoint: Path, collector: SpanCounter, clie
     try:
         drive_processes(url, texts, clients, 3.0, counts, "embed", inputs, client_processes)  # warm-up
         before = collector.count
+        cpu_before = cpu_seconds(process_tree(process.pid))
         latencies, answered, _, wall = drive_processes(url, texts, clients, seconds, counts, "embed", inputs,
                                                        client_processes)
+        cpu_after = cpu_seconds(process_tree(process.pid))
     finally:
         process.terminate()
         process.wait(60)
     received = collector.count - before  # to the server's exit, which sends what it still held
     latencies.sort()
+    used = sum(after - cpu_before.get(pid, 0.0) for pid, after in cpu_after.items())
     return Run(row, answered / wall, 1000 * latencies[len(latencies) // 2],
-               1000 * latencies[int(len(latencies) * 0.99)], received)
+               1000 * latencies[int(len(latencies) * 0.99)], received, 1000 * used / answered)
 
 
 def median(values: list[float]) -> float:
@@ -98,18 +103,22 @@ def median(values: list[float]) -> float:
 def summary(runs: list[Run]) -> tuple[str, dict[str, float]]:
     rows = [r for r in ("base", "off", "on") if any(run.row == r for run in runs)]
     medians = {r: median([run.sentences_per_s for run in runs if run.row == r]) for r in rows}
-    lines = ["| row | sentences/s (median) | runs, in order | p50 ms | p99 ms | spans received a run |",
-             "|---|---:|---|---:|---:|---:|"]
+    cpu = {r: median([run.server_cpu_ms_per_sentence for run in runs if run.row == r]) for r in rows}
+    lines = ["| row | sentences/s (median) | runs, in order | server CPU ms a sentence (median; runs) | p50 ms | "
+             "p99 ms | spans received a run |", "|---|---:|---|---|---:|---:|---:|"]
     for r in rows:
         mine = [run for run in runs if run.row == r]
         lines.append(f"| {r} | {medians[r]:.1f} | {', '.join(f'{x.sentences_per_s:.1f}' for x in mine)} | "
+                     f"{cpu[r]:.2f} ({', '.join(f'{x.server_cpu_ms_per_sentence:.2f}' for x in mine)}) | "
                      f"{median([x.p50_ms for x in mine]):.0f} | {median([x.p99_ms for x in mine]):.0f} | "
                      f"{', '.join(str(x.spans_received) for x in mine)} |")
     result = {}
     if "on" in medians:
         result["on_over_off"] = medians["on"] / medians["off"]
+        result["cpu_on_over_off"] = cpu["on"] / cpu["off"]
     if "base" in medians:
         result["off_over_base"] = medians["off"] / medians["base"]
+        result["cpu_off_over_base"] = cpu["off"] / cpu["base"]
     return "\n".join(lines), result
 
 
