@@ -68,6 +68,8 @@ class RequestRecord:
     @classmethod
     def begin(cls, route: str, incoming_id, traceparent, tracing: Tracing | None,
               received: float | None = None) -> "RequestRecord":
+        """The record of a request that arrives now (or arrived at `received`): its id (the client's, when usable), its
+        caller's trace context (an incoming traceparent), and its own span's when `tracing` samples it."""
         caller = parse_traceparent(traceparent)
         record = cls(request_id(incoming_id), route, received or time.monotonic(), caller)
         if tracing is not None:
