@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
                        help="unit-length vectors (default: yes)")
     model.add_argument("--dimensions", type=int, help="keep the first N dimensions (Matryoshka), then normalize")
     model.add_argument("--dtype", choices=DTYPES, default="auto",
-                       help="what the engine computes in: auto = float32 on CPU, bfloat16 on a GPU; int8 on CPU is "
+                       help="what the engine computes in: auto = as the service's --dtype auto (bfloat16 on a GPU; "
+                            "on a CPU bfloat16 where native and faithful to float32, else float32); int8 on CPU is "
                             "the fastest there")
     model.add_argument("--truncate", action="store_true",
                        help="cut documents longer than the model takes (default: such a document is a bad row)")

@@ -21,7 +21,7 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from corpus import shards
@@ -47,6 +47,7 @@ def run(settings: JobSettings, stream=None) -> Summary:
     if job.manifest.get("complete"):
         return nothing_to_do(settings, job, stream, started)
     if job.todo:
+        settings = computing_in(settings, job)
         embedder = Embedder(settings, job.source)
         job.progress.start()
         try:
@@ -99,6 +100,13 @@ def open_job(settings: JobSettings, stream=None) -> OpenedJob:
     if done and todo:
         log.info("resuming: %d of %d shards done already, %d left", len(plan) - len(todo), len(plan), len(todo))
     return OpenedJob(manifest, plan, todo, Progress(manifest["total_rows"], done_rows, stream), source)
+
+
+def computing_in(settings: JobSettings, job: OpenedJob) -> JobSettings:
+    """The settings with --dtype as the job's identity resolved it: every engine of the job (a resumed run's, each Ray
+    actor's) computes in the precision the output was begun in, never `auto` again on a host that would choose
+    differently."""
+    return replace(settings, dtype=job.manifest["identity"]["dtype"])
 
 
 def nothing_to_do(settings: JobSettings, job: OpenedJob, stream, started: float) -> Summary:

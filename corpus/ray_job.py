@@ -34,7 +34,7 @@ import numpy as np
 from corpus import shards
 from corpus.embedder import Embedder
 from corpus.errors import CorpusError, Rejected
-from corpus.local_job import finish_job, nothing_to_do, open_job
+from corpus.local_job import computing_in, finish_job, nothing_to_do, open_job
 from corpus.plan import WorkUnit
 from corpus.progress import Summary
 from corpus.readers import read_unit
@@ -62,7 +62,7 @@ def run(settings: JobSettings, stream=None) -> Summary:
                      runtime_env=runtime_env())
         job.progress.start()  # the rates' clock: from here the actors' start-up counts in them
         try:
-            for result in _results(settings, job.todo):
+            for result in _results(computing_in(settings, job), job.todo):
                 if result["stopped_by"]:
                     raise Rejected(**json.loads(result["stopped_by"])).as_error()
                 job.progress.computed(int(result["vectors"]), int(result["tokens"]))

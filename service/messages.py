@@ -85,6 +85,7 @@ class ModelFacts:
     cuda_graphs_eager: list[str] = dataclasses.field(default_factory=list)  # "name: why" of those that fell back
     num_token_labels: int = 0  # outputs of a token-classification head (0: none)
     has_qa_head: bool = False  # an extractive question-answering head
+    dtype_reason: str = ""  # how --dtype auto chose `dtype` on this host (empty for an explicit --dtype)
 
 
 @dataclass

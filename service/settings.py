@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.engine.options import EngineOptions
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "minilm-wikipedia"
 
@@ -35,8 +37,9 @@ class Settings(BaseSettings):
         "the cores), and on a GPU one per two cores beyond the engine's, from 2 to 8 (a small model on a big GPU is "
         "bound by the CPU work of its requests). See docs/processes.md."))
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field("auto", description=(
-        "Number format. auto = float32 on CPU (exact), bfloat16 on GPUs that support it, else float16. On CPU, "
-        "bfloat16 (CPUs with AVX512-BF16 or AMX) and int8 (encoder Linear layers, per-token scales and "
+        "Number format. auto = bfloat16 on GPUs that support it, else float16; on a CPU bfloat16 where the CPU has it "
+        "natively (AVX512-BF16 or AMX) and the model's answers on calibration sentences stay at float32's (checked at "
+        "start-up; /info's dtype_reason gives the figures), else float32 (exact). On CPU, bfloat16 and int8 (encoder Linear layers, per-token scales and "
         "SmoothQuant calibrated at start-up; CPU only) trade a little fidelity for speed: see "
         "docs/precision.md."))
     max_batch_tokens: int = Field(16384, ge=16, description=(
@@ -210,6 +213,12 @@ class Settings(BaseSettings):
         if self.api_key is not None and len(self.api_key) < 8:
             raise ValueError("api_key must be at least 8 characters")
         return self
+
+    def engine_options(self) -> EngineOptions:
+        """The settings that decide how the model's engine starts (service.engine.loader.start_engine)."""
+        return EngineOptions(self.checkpoint, self.device, self.dtype, self.max_batch_tokens, self.cpu_batch_tokens,
+                             self.max_batch_size, self.concurrent_batches, self.cuda_graphs, self.warmup,
+                             self.cpu_keep_freed_memory)
 
     def public(self) -> dict:
         """Settings without secrets, for /info."""

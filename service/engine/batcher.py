@@ -1,7 +1,7 @@
 """Dynamic batching. Knows nothing of HTTP, nor which model runs; decides *when* and *what* runs together.
 
 Every input of every request is one entry in one queue. Threads serve it:
-- the packer picks the next batch (`choose_batch`: anchored on the oldest entry, filled with entries
+- the preparer picks the next batch (`choose_batch`: anchored on the oldest entry, filled with entries
   of similar length under the token budget, so padding stays small) and collates it while the device
   is busy with the current one: one batch is always ready ahead;
 - one runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) feeds
@@ -14,8 +14,8 @@ Entries whose client went away are dropped before compute, entries past their de
 `unavailable`, and a batch that runs out of device memory is split in two and retried.
 
 An idle batcher (nothing computing, prepared or being collated: one client, a few) has a runner pick and collate
-a new request's batch itself, as the packer would: one thread hand-over to the compute instead of two (submitter ->
-packer -> runner). Under load the packer alone picks (its wake-up lets a batch gather company; at 16 clients x 8 a
+a new request's batch itself, as the preparer would: one thread hand-over to the compute instead of two (submitter ->
+preparer -> runner). Under load the preparer alone picks (its wake-up lets a batch gather company; at 16 clients x 8 a
 runner picking at once made smaller batches, 0.94x the sentences/s), and with max_wait_s above 0.
 """
 
@@ -34,7 +34,7 @@ from service.metrics import Metrics
 from service.engine.threads import lower_thread_priority, name_os_thread
 
 log = logging.getLogger("service")
-# With a batch in flight on the device, how long the runner waits for the packer's next batch before it reads the
+# With a batch in flight on the device, how long the runner waits for the preparer's next batch before it reads the
 # one in flight instead: long enough for a collation (tens to hundreds of us), short next to a batch on the device.
 AHEAD_WAIT_S = 0.002
 
@@ -45,21 +45,21 @@ class Batcher:
         self.policy = policy
         self.metrics = metrics
         self._queue: deque[Entry] = deque()
-        # What the packer keeps of the queue, so that a wake-up costs nothing per entry: its tokens, the
+        # What the preparer keeps of the queue, so that a wake-up costs nothing per entry: its tokens, the
         # earliest deadline in it, and whether a request was cancelled since the last look at every entry.
         self._queued_tokens = 0
         self._earliest_deadline = float("inf")
         self._cancelled_since_scan = False
-        # One lock, two conditions: a new request wakes the packer only, a prepared batch the runners only
+        # One lock, two conditions: a new request wakes the preparer only, a prepared batch the runners only
         # (each wake-up of a thread that goes back to sleep costs a GIL hand-over).
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)  # the packer waits on it
+        self._cond = threading.Condition(self._lock)  # the preparer waits on it
         self._batch_ready = threading.Condition(self._lock)  # the runners wait on it
         self._prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
         self._running = 0  # batches taken by runners and not yet answered (on a GPU, up to two a runner)
         self._stopping = False
-        self._packer_finished = False  # set by the packer once stopping and the queue is empty
-        self._collating = False  # the packer has chosen a batch and is collating it
+        self._preparer_finished = False  # set by the preparer once stopping and the queue is empty
+        self._collating = False  # the preparer has chosen a batch and is collating it
         self._idle_runners = 0  # runners waiting for a batch with none on the device: a new request may go to one
         self._threads: list[threading.Thread] = []
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
@@ -69,7 +69,7 @@ class Batcher:
     # ---- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        workers = [(self._pack_loop, "bert-packer")] + [(self._run_loop, f"bert-runner-{n}")
+        workers = [(self._prepare_loop, "bert-preparer")] + [(self._run_loop, f"bert-runner-{n}")
                                                          for n in range(self.policy.runners)]
         for target, name in workers:
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -120,7 +120,7 @@ class Batcher:
             sooner = ticket.deadline < self._earliest_deadline
             self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
-            # An idle runner packs it itself (module docstring); with a batch prepared the packer waits for a runner.
+            # An idle runner picks it itself (module docstring); with a batch prepared the preparer waits for a runner.
             if self._runner_may_pack():
                 self._batch_ready.notify()
             elif self._prepared is None or sooner:
@@ -131,15 +131,15 @@ class Batcher:
         ticket.cancelled = True
         self._cancelled_since_scan = True
 
-    # ---- packing (packer thread) ---------------------------------------------------------------
+    # ---- preparing (preparer thread) -------------------------------------------------------------
 
-    def _pack_loop(self) -> None:
+    def _prepare_loop(self) -> None:
         name_os_thread()
         while True:
             with self._lock:
                 chosen = self._wait_and_select()
                 if chosen is None:
-                    self._packer_finished = True
+                    self._preparer_finished = True
                     self._batch_ready.notify_all()
                     return
                 self._collating = True
@@ -179,8 +179,8 @@ class Batcher:
         self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
         self._queued_tokens -= sum(e.length for e in chosen)
         # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly. An
-        # empty queue has none, so that the next entry counts as sooner and wakes the packer: with a batch prepared,
-        # the packer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
+        # empty queue has none, so that the next entry counts as sooner and wakes the preparer: with a batch prepared,
+        # the preparer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
         # that entry at its deadline.
         if not self._queue:
             self._earliest_deadline = float("inf")
@@ -254,21 +254,21 @@ class Batcher:
                     and not self._collating and self.policy.max_wait_s == 0)
 
     def _take_prepared(self, one_on_device: bool) -> tuple[list[Entry], PreparedBatch | None] | None:
-        """The prepared batch: waited for until the packer has finished, or with a batch in flight, None at once
-        unless the packer is about to prepare one (entries queued, or being collated); then up to AHEAD_WAIT_S.
-        With none on the device and the packer idle, the entries of the next batch, picked here, and None for
+        """The prepared batch: waited for until the preparer has finished, or with a batch in flight, None at once
+        unless the preparer is about to prepare one (entries queued, or being collated); then up to AHEAD_WAIT_S.
+        With none on the device and the preparer idle, the entries of the next batch, picked here, and None for
         their batch: the runner collates them itself."""
         with self._lock:
             if not one_on_device:
                 self._idle_runners += 1
                 try:
-                    while self._prepared is None and not self._packer_finished:
+                    while self._prepared is None and not self._preparer_finished:
                         if self._runner_may_pack():
                             self._drop_dead_entries()
                             if self._queue:
                                 self._running += 1
                                 chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine)))
-                                self._cond.notify()  # what did not fit, if any: the packer prepares it
+                                self._cond.notify()  # what did not fit, if any: the preparer prepares it
                                 return chosen, None
                             continue
                         self._batch_ready.wait()
@@ -279,7 +279,7 @@ class Batcher:
             taken, self._prepared = self._prepared, None
             if taken is not None:
                 self._running += 1
-                self._cond.notify()  # the packer may prepare the next batch now
+                self._cond.notify()  # the preparer may prepare the next batch now
             return taken
 
     def _collate_own(self, chosen: list[Entry]) -> tuple[list[Entry], PreparedBatch] | None:
@@ -343,7 +343,7 @@ class Batcher:
 
     def _finish(self, on_device: LaunchedBatch) -> None:
         try:
-            results = self.engine.finish(on_device.launched)
+            results = self.engine.finish(on_device.work)
         except Exception:  # noqa: BLE001 - a device error found at the wait: this batch's entries fail
             log.exception("batch of %d failed", len(on_device.entries))
             self._fail(on_device.entries, ServiceError("internal", "internal error while computing the batch"))

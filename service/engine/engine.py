@@ -65,7 +65,7 @@ class Batch:
 
 
 @dataclass
-class Launched:
+class DeviceWork:
     """A batch's device work, queued: `done` is recorded after its last copy (None on a CPU, done already)."""
 
     size: int
@@ -149,7 +149,7 @@ class Engine:
         return self.device.type == "cuda"
 
     @torch.inference_mode()
-    def launch(self, batch: Batch) -> Launched:
+    def launch(self, batch: Batch) -> DeviceWork:
         """Queue the batch's whole device work: inputs up, the encoder, every item's head, the outputs' copies down."""
         # Graphed batches share the graphs' memory: the next replay may start once this one's heads are queued.
         with self._graph_memory if batch.staged is not None else nullcontext():
@@ -168,14 +168,14 @@ class Engine:
             if self.device.type == "cuda":
                 done = torch.cuda.Event()
                 done.record()
-        return Launched(batch.size, collectors, done)
+        return DeviceWork(batch.size, collectors, done)
 
-    def finish(self, launched: Launched) -> list[Result]:
+    def finish(self, work: DeviceWork) -> list[Result]:
         """Wait for a launched batch's device work (the GIL is free meanwhile) and build its results."""
-        if launched.done is not None:
-            launched.done.synchronize()
-        results: list[Result | None] = [None] * launched.size
-        for collect in launched.collectors:
+        if work.done is not None:
+            work.done.synchronize()
+        results: list[Result | None] = [None] * work.size
+        for collect in work.collectors:
             collect(results)
         return results
 

@@ -1,6 +1,7 @@
 """What number format the served model computes in, decided once at start-up from `--dtype` and the device.
 
-- auto: float32 on CPU (exact), bfloat16 on GPUs that have it, else float16.
+- auto: bfloat16 on GPUs that have it, else float16; on a CPU, bfloat16 where the CPU computes it natively and the
+  model's answers stay at float32's on the calibration sentences, else float32 (`service.engine.precision_probe`).
 - bfloat16 / float16 / float32: weights and activations in that type.
 - int8 (CPU only): the encoder's Linear layers in int8, per-token activation scales and SmoothQuant
   (`model.quantize`, scheme and alpha chosen by the fidelity and speed measurements in BENCHMARKS.md),
@@ -43,6 +44,7 @@ class PrecisionError(ValueError):
 class Precision:
     name: str  # what /info shows
     dtype: torch.dtype  # of weights and activations outside int8 layers
+    reason: str = ""  # how --dtype auto came to it (/info's dtype_reason); empty for an explicit --dtype
 
     @property
     def is_int8(self) -> bool:
@@ -71,10 +73,11 @@ def choose(choice: str, device: torch.device) -> Precision:
         return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere; "
                          f"{kernels}; {products})", torch.float32)
     if choice == "auto":
-        if device.type != "cuda":
+        if device.type != "cuda":  # the start-up decides on a CPU, with the model (precision_probe)
             return Precision("float32", torch.float32)
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return Precision(str(dtype).removeprefix("torch."), dtype)
+        name = str(dtype).removeprefix("torch.")
+        return Precision(name, dtype, f"auto: {name} (the fastest type this GPU computes natively)")
     if choice == "bfloat16" and device.type == "cpu" and not cpu_has_native_bf16():
         log.warning("--dtype bfloat16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); it will be emulated "
                     "and slower than float32")

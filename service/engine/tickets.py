@@ -56,7 +56,7 @@ class LaunchedBatch:
 
     entries: list[Entry]
     batch: PreparedBatch
-    launched: Any  # the engine's handle, for finish
+    work: Any  # the engine's handle on the batch's queued device work, for finish
     started: float  # time.perf_counter() at launch
 
 

@@ -16,6 +16,7 @@ from typing import TypeVar
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
+from model.matryoshka import shorten
 from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
 from service.frontend import answer_size
@@ -143,7 +144,7 @@ class FrontDoor:
                                   pooling != "none", base64, limits.max_response_mb)
         results = await self._compute(items, gone)
         if shortened:
-            results = [PooledVector(_shorten(r.vector, dimensions, normalize)) for r in results]
+            results = [PooledVector(shorten(r.vector, dimensions, normalize)) for r in results]
         return [EncodeOutput(e, r) for e, r in zip(encoded, results)]
 
     async def classify(self, entries: list, prep: Preparation, gone: Waiter = None,
@@ -293,13 +294,6 @@ class FrontDoor:
                                               tokenizer.decode(filled, skip_special_tokens=False)))
             masks.append(MaskOutput(mask.position, predictions))
         return masks
-
-
-def _shorten(vector: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
-    vector = vector[:dimensions]
-    if normalize:
-        vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-    return vector
 
 
 def _nsp_output(result: NspLogits) -> NspOutput:

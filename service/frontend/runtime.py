@@ -181,6 +181,7 @@ class Runtime:
                       "question_answering": bool(facts and facts.has_qa_head)},
             "device": facts.device if facts else None,
             "dtype": facts.dtype if facts else None,
+            "dtype_reason": facts.dtype_reason if facts else None,  # what --dtype auto measured and chose
             "max_input_tokens": checkpoint.tokenizer.model_max_length if checkpoint else None,
             # the pooling of /v1/embeddings and /embed (our /encode takes it per request)
             "pooling": {"mode": checkpoint.pooling.mode, "normalize": checkpoint.pooling.normalize,

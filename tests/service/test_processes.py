@@ -251,7 +251,7 @@ def test_a_model_that_cannot_load_stops_the_server_with_its_reason(tmp_path, tin
                              "--max-batch-tokens", "64", "--port", str(free_port())], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
-    assert "max_batch_tokens (64) is below the model's maximum input length" in result.stderr
+    assert "--max-batch-tokens (64) is below the model's maximum input length" in result.stderr
     assert "Traceback" not in result.stderr
 
 
