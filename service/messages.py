@@ -60,6 +60,7 @@ class Submit:
     request_id: int
     items: list[Item]
     deadline: float  # time.monotonic() by which they must reach the device (one clock for every process of a host)
+    model: str = ""  # the served model's name ("": the default model)
 
 
 @dataclass
@@ -86,15 +87,17 @@ class ModelFacts:
     num_token_labels: int = 0  # outputs of a token-classification head (0: none)
     has_qa_head: bool = False  # an extractive question-answering head
     dtype_reason: str = ""  # how --dtype auto chose `dtype` on this host (empty for an explicit --dtype)
+    name: str = ""  # the served model's name
 
 
 @dataclass
 class Status:
-    """The engine's state: loading (with progress in `detail`), ready (with `facts`), failed, or draining."""
+    """The engine's state: loading (with progress in `detail`), ready (with every model's facts, the default
+    first), failed, or draining."""
 
     state: str
     detail: str = ""
-    facts: ModelFacts | None = None
+    models: list[ModelFacts] = dataclasses.field(default_factory=list)
 
 
 @dataclass

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.engine.options import EngineOptions
+from service.model_specs import ModelSpec, ModelSpecError, as_list, model_specs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "minilm-wikipedia"
@@ -21,12 +22,21 @@ class Settings(BaseSettings):
     # An empty variable means "not set" (compose passes `${BERT_API_KEY:-}` as ""), so the default applies.
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="forbid", validate_default=True, env_ignore_empty=True)
 
-    checkpoint: str = Field(DEFAULT_CHECKPOINT, description=(
+    checkpoint: Annotated[list[str], NoDecode] = Field([str(DEFAULT_CHECKPOINT)], description=(
         "Checkpoint to serve: a directory (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel/"
         "BertForSequenceClassification directory with model.safetensors), or a Hugging Face Hub id, org/name or "
         "org/name@revision, fetched once (safetensors only) into the Hub cache (HF_HOME; HF_TOKEN for gated "
         "models, HF_HUB_OFFLINE=1 for the cache alone: docs/hub-models.md). A directory of that name wins. Default: "
-        "the bundled model (all-MiniLM-L6-v2 with masked-LM and next-sentence heads, trained on English Wikipedia)."))
+        "the bundled model (all-MiniLM-L6-v2 with masked-LM and next-sentence heads, trained on English Wikipedia). "
+        "Give it more than once to serve several models from one engine and one device, each NAME=SOURCE (the name "
+        "defaults to the Hub id's or directory's last part); the first is the default model, the others are served "
+        "under /models/NAME/... and by the OpenAI `model` field (docs/several-models.md). From the environment: a "
+        "comma-separated or JSON list."))
+    model_setting: Annotated[list[str], NoDecode] = Field([], description=(
+        "A setting of one model of several, NAME:KEY=VALUE (KEY: dtype, root_task, classifier_pairs, weight, "
+        "max_queue_items); given more than once for more. The other models keep the server-wide value. weight "
+        "(default 1) is the model's share of the device in tokens when several models have work: 2 gets twice the "
+        "tokens of a model of weight 1. From the environment: a comma-separated or JSON list."))
     host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")
@@ -189,10 +199,17 @@ class Settings(BaseSettings):
             raise ValueError("max_batch_size must be auto or a number of sequences of at least 1")
         return value
 
-    @field_validator("checkpoint", mode="before")
+    @field_validator("checkpoint", "model_setting", mode="before")
     @classmethod
-    def _path_as_text(cls, value):
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
+    def _as_list(cls, value):
+        if isinstance(value, os.PathLike):
+            value = [os.fspath(value)]
+        elif isinstance(value, (list, tuple)):
+            value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+        try:
+            return as_list(value)
+        except ModelSpecError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("device")
     @classmethod
@@ -212,11 +229,27 @@ class Settings(BaseSettings):
                 raise ValueError(f"api_key_file {self.api_key_file}: {exc.strerror if isinstance(exc, OSError) else exc}")
         if self.api_key is not None and len(self.api_key) < 8:
             raise ValueError("api_key must be at least 8 characters")
+        self.models()  # a clash of names or a setting of a model not served stops the start here
         return self
 
-    def engine_options(self) -> EngineOptions:
-        """The settings that decide how the model's engine starts (service.engine.loader.start_engine)."""
-        return EngineOptions(self.checkpoint, self.device, self.dtype, self.max_batch_tokens, self.cpu_batch_tokens,
+    def models(self) -> list[ModelSpec]:
+        """Every served model with its own settings, the default first (service.model_specs)."""
+        defaults = {"dtype": self.dtype, "root_task": self.root_task, "classifier_pairs": self.classifier_pairs,
+                    "weight": 1.0, "max_queue_items": self.max_queue_items}
+        try:
+            return model_specs(self.checkpoint, self.model_setting, defaults)
+        except ModelSpecError as exc:
+            raise ValueError(str(exc)) from None
+
+    @property
+    def default_checkpoint(self) -> str:
+        """The default model's source (the first --checkpoint, without its NAME=)."""
+        return self.models()[0].checkpoint
+
+    def engine_options(self, model: ModelSpec | None = None) -> EngineOptions:
+        """How `model`'s engine starts (the default model's by default; service.engine.loader.start_engine)."""
+        model = model or self.models()[0]
+        return EngineOptions(model.checkpoint, self.device, model.dtype, self.max_batch_tokens, self.cpu_batch_tokens,
                              self.max_batch_size, self.concurrent_batches, self.cuda_graphs, self.warmup,
                              self.cpu_keep_freed_memory)
 
@@ -233,7 +266,8 @@ def settings_table() -> str:
     rows = ["| setting (flag) | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
     for name, field in Settings.model_fields.items():
         default = field.default
-        if isinstance(default, Path):
-            default = default.relative_to(REPO_ROOT) if default.is_relative_to(REPO_ROOT) else default
+        if isinstance(default, list):  # the default checkpoint, shown relative to the repository
+            default = ",".join(str(Path(v).relative_to(REPO_ROOT)) if Path(v).is_relative_to(REPO_ROOT) else v
+                               for v in default)
         rows.append(f"| `--{name.replace('_', '-')}` | `BERT_{name.upper()}` | `{default}` | {field.description} |")
     return "\n".join(rows)

@@ -25,12 +25,13 @@ from service.settings import DEFAULT_CHECKPOINT
 from tests.clients.drive import TEXTS
 
 KEY = "clients-key-1234"
+FLOAT32 = ("--dtype", "float32")  # held to transformers' float32 (--dtype auto may serve bfloat16 on this CPU)
 CLIENTS_PYTHON = Path(os.environ.get("BERT_CLIENTS_PYTHON", REPO_ROOT / ".venv-clients" / "bin" / "python"))
 
 
 @pytest.fixture(scope="module")
 def bundled():
-    process, url = start_service(DEFAULT_CHECKPOINT, "--api-key", KEY)
+    process, url = start_service(DEFAULT_CHECKPOINT, "--api-key", KEY, *FLOAT32)
     yield url
     process.terminate()
     process.wait(timeout=60)
@@ -45,7 +46,7 @@ def stacked(tmp_path_factory, tokenizer):
     directory = tmp_path_factory.mktemp("stacked") / "stacked"
     save_checkpoint(directory, random_model(tokenizer.vocab_size, seed=11, num_hidden_layers=3, embedding_layer=2),
                     tokenizer)
-    process, url = start_service(directory, "--api-key", KEY)
+    process, url = start_service(directory, "--api-key", KEY, *FLOAT32)
     yield directory, url
     process.terminate()
     process.wait(timeout=60)
@@ -53,7 +54,7 @@ def stacked(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def cross_encoder(tiny_cross_encoder):
-    process, url = start_service(tiny_cross_encoder, "--api-key", KEY)
+    process, url = start_service(tiny_cross_encoder, "--api-key", KEY, *FLOAT32)
     yield url
     process.terminate()
     process.wait(timeout=60)
@@ -255,3 +256,43 @@ def test_inference_client_token_classification_and_question_answering(task_heads
     assert len(answers["top"]) == 2 and (first["answer"], first["start"], first["end"]) == \
         (best["answer"], best["start"], best["end"])
     assert abs(first["score"] - best["score"]) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny_checkpoint, tiny_cross_encoder):
+    """One server, two models: an embedder (the default) and a cross-encoder."""
+    process, url = start_service(f"embed={tiny_checkpoint}", "--checkpoint", f"rerank={tiny_cross_encoder}",
+                                 "--api-key", KEY, *FLOAT32)
+    yield url, {"embed": tiny_checkpoint, "rerank": tiny_cross_encoder}
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def test_the_openai_client_picks_each_of_two_models_by_name(two_models):
+    import openai
+
+    url, directories = two_models
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["embed", "rerank"]
+    for name, directory in directories.items():
+        response = client.embeddings.create(model=name, input=TEXTS)
+        assert response.model == name
+        got = np.array([d.embedding for d in response.data])
+        np.testing.assert_allclose(got, mean_pooled_reference(directory, TEXTS), atol=1e-4, err_msg=name)
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.embeddings.create(model="text-embedding-3-small", input=TEXTS[0])
+    assert "embed, rerank" in str(raised.value)
+
+
+def test_hugging_face_and_tei_clients_reach_a_model_by_its_base_url(two_models):
+    url, directories = two_models
+    for name, directory in directories.items():
+        want = mean_pooled_reference(directory, TEXTS)
+        client = InferenceClient(base_url=f"{url}/models/{name}", token=KEY)
+        np.testing.assert_allclose(client.feature_extraction(TEXTS, normalize=True), want, atol=1e-4, err_msg=name)
+        answers = drive(f"{url}/models/{name}", "llama_index_tei", "llama_index_openai_like")
+        for check, answer in answers.items():
+            np.testing.assert_allclose(answer["documents"], want, atol=1e-4, err_msg=f"{name} {check}")
+    scores = InferenceClient(base_url=f"{url}/models/rerank", token=KEY).text_classification(
+        {"text": TEXTS[0], "text_pair": TEXTS[1]})
+    assert len(scores) == 1 and 0 <= scores[0].score <= 1

@@ -1,11 +1,11 @@
 """The engine's start-up, one for every entry point: checkpoint -> device, precision, engine, warm-up, batch budget,
-CUDA graphs (`start_engine`), and the batcher that runs its stream of batches.
+CUDA graphs (`start_engine`).
 
-The service (`load_engine`: in the engine process, `service.engine.server`, or in one process through
-`service.engine.link.LocalLink`) and the corpus job (`corpus.embedder.Embedder`) both start an engine here and run
-it through the same `Batcher`, so a change to how a model is started or batched reaches both. What each of them may
-set is an `EngineOptions`, made from its own settings object (`Settings.engine_options`, `JobSettings.engine_options`).
-Blocking: the service runs it in a thread while the HTTP side already answers /health with 503.
+The service (each of its models: `service.engine.models.load_models`) and the corpus job
+(`corpus.embedder.Embedder`) both start an engine here and run it through the same `Batcher`, so a change to how a
+model is started or batched reaches both. What each of them may set is an `EngineOptions`, made from its own settings
+object (`Settings.engine_options`, `JobSettings.engine_options`). Blocking: the service runs it in a thread while
+the HTTP side already answers /health with 503.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from model.checkpoint import Checkpoint, load_checkpoint
 from model.cpu_cores import usable_cores
 from model.device import keep_freed_memory, pick_device
 from service.engine.batch_size import batch_tokens_for_width, measure_batch_tokens
-from service.engine.batcher import Batcher, BatchPolicy
+from service.engine.batch_types import BatchPolicy
 from service.engine.engine import Engine
 from service.engine.graph_check import check_graph
 from service.engine.graphs import EncoderGraphs
@@ -29,7 +29,7 @@ from service.engine.options import EngineOptions
 from service.engine.precision import Precision, PrecisionError, choose, prepare_model
 from service.engine.precision_probe import choose_auto_on_cpu
 from service.messages import ModelFacts
-from service.metrics import Metrics
+from service.metrics import ModelMetrics
 
 log = logging.getLogger("service")
 
@@ -70,17 +70,6 @@ class StartedEngine:
                           cuda_graphs_live=engine.graphs.live if engine.graphs is not None else [],
                           cuda_graphs_eager=[f"{name}: {why}" for name, why in engine.graphs_fallen_back.items()],
                           num_token_labels=engine.num_token_labels, has_qa_head=engine.has_qa_head)
-
-
-@dataclass
-class LoadedEngine:
-    """The service's engine: started, and its batcher running."""
-
-    checkpoint: Checkpoint
-    engine: Engine
-    batcher: Batcher
-    precision: Precision
-    facts: ModelFacts
 
 
 def build_engine(checkpoint: Checkpoint, device: torch.device, precision: Precision, engine_factory=Engine) -> Engine:
@@ -146,7 +135,7 @@ def adopt_if_faithful(engine: Engine, graphs: EncoderGraphs, seconds: float = 0.
     return len(graphs)
 
 
-def start_engine(options: EngineOptions, metrics: Metrics | None = None, engine_factory=None) -> StartedEngine:
+def start_engine(options: EngineOptions, metrics: ModelMetrics | None = None, engine_factory=None) -> StartedEngine:
     """Load the checkpoint, choose the precision, build, warm up, size the batches and capture CUDA graphs.
     Raises StartupError (an option that cannot work here), CheckpointError or CheckpointSourceError, each with a
     message to show as it is."""
@@ -182,13 +171,3 @@ def start_engine(options: EngineOptions, metrics: Metrics | None = None, engine_
     log.info("model on %s (%s), %d batch(es) at once of at most %d tokens and %d sequences, ready in %.1f s", device,
              precision.name, runners, batch_tokens, batch_size, time.perf_counter() - started)
     return StartedEngine(checkpoint, engine, precision, runners, batch_tokens, batch_size)
-
-
-def load_engine(settings, metrics: Metrics, engine_factory=None) -> LoadedEngine:
-    """The service's engine (`settings`: service.settings.Settings): started, with its batcher running."""
-    started = start_engine(settings.engine_options(), metrics, engine_factory)
-    policy = started.batch_policy(settings.max_wait_ms / 1000, settings.max_queue_items,
-                                  settings.max_padding_fraction, settings.compute_niceness)
-    batcher = Batcher(started.engine, policy, metrics)
-    batcher.start()
-    return LoadedEngine(started.checkpoint, started.engine, batcher, started.precision, started.facts())

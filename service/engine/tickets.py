@@ -58,6 +58,7 @@ class LaunchedBatch:
     batch: PreparedBatch
     work: Any  # the engine's handle on the batch's queued device work, for finish
     started: float  # time.perf_counter() at launch
+    queue: Any = None  # the model's Batcher it came from, which finishes it
 
 
 @dataclass(eq=False)  # entries are compared by identity: equal items of two requests are two entries

@@ -17,6 +17,7 @@ from service.frontend.fast_routes import FastRoutes
 from service.frontend.admission import Admission, LocalRequestCount
 from service.frontend.guards import BodyLimit, CloseWhenDraining, RequestMetrics
 from service.frontend.http_errors import install_error_handlers
+from service.frontend.model_prefix import MODEL_SCOPE, ModelPrefix
 from service.frontend.pages import mount_assets, pages, playground_page
 from service.frontend.routes import api, public
 from service.frontend.routes_classify import classify
@@ -94,7 +95,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     mount_assets(app)
 
     def count_failure(kind: str, request) -> None:
-        runtime.metrics.failures.labels(route_label(request.url.path), kind).inc()
+        runtime.metrics.failures.labels(route_label(request.url.path), kind, request.scope.get(MODEL_SCOPE, "")).inc()
 
     install_error_handlers(app, on_error=count_failure)
     metrics = runtime.metrics
@@ -102,7 +103,8 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
         app.add_middleware(FastRoutes, routes=routes, on_error=count_failure)
     # Listed innermost first. Admission sits inside BodyLimit: a request counts once its body is in.
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label, requests=admission or LocalRequestCount())
+                       route_label=route_label, requests=admission or LocalRequestCount(len(runtime.models)),
+                       models=list(runtime.models))
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
                        route_label=route_label, idle_timeout_s=settings.body_idle_timeout_s,
                        total_timeout_s=settings.body_timeout_s)
@@ -112,7 +114,9 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     if settings.metrics_require_key:
         keyed.add(("GET", "/metrics"))
     app.add_middleware(ApiKey, key=settings.api_key, keyed=frozenset(keyed),
-                       on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized").inc())
+                       on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized", "").inc())
     app.add_middleware(CloseWhenDraining, lifecycle=runtime.lifecycle)
     app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
+    # Outermost: /models/{name}/... is the route without the prefix, for that model, to everything above.
+    app.add_middleware(ModelPrefix, runtime=runtime, api_routes=api_routes)
     return app

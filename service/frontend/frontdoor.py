@@ -97,11 +97,12 @@ class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
                  classifier_pairs: bool = False, deadline_grace_s: float = 2.0, num_token_labels: int = 0,
-                 has_qa_head: bool = False):
+                 has_qa_head: bool = False, model: str = ""):
         self.tokenizer = tokenizer
         self.engine = engine
         self.limits = limits
-        self.metrics = metrics
+        self.model = model  # the served model's name: what the engine computes these requests with
+        self.metrics = metrics.for_model(model)
         self.queue_timeout_s = queue_timeout_s
         self.deadlines = DeadlineWatch(queue_timeout_s + deadline_grace_s, engine.computing, self._give_up)
         self.has_mlm_head = has_mlm_head
@@ -123,7 +124,8 @@ class FrontDoor:
 
     def _require(self, present: bool, route_needs: str) -> None:
         if not present:
-            raise ServiceError("unsupported", f"{route_needs}; this checkpoint has: {self.heads()}")
+            which = f" (model {self.model})" if self.model else ""
+            raise ServiceError("unsupported", f"{route_needs}; this checkpoint has: {self.heads()}{which}")
 
     # ---- tasks ---------------------------------------------------------------------------------
 
@@ -250,7 +252,7 @@ class FrontDoor:
     async def _compute(self, items: list[Item], gone: Waiter) -> list:
         """Queue the items and wait for their results, until `gone` says the caller left, or until the deadline
         and its grace (`service.frontend.deadlines`): a stuck engine answers nothing, and no client waits on it."""
-        pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s)
+        pending = self.engine.submit(items, time.monotonic() + self.queue_timeout_s, self.model)
         watched = self.deadlines.watch(pending)
         left = False
 

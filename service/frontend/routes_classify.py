@@ -14,7 +14,7 @@ from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.deps import TEI_ERRORS, Door, State
+from service.frontend.deps import TEI_ERRORS, Door, Model
 from service.frontend.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 
 classify = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["TEI-compatible"])
@@ -22,19 +22,19 @@ classify = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["T
 
 @classify.post("/predict", response_model=list[TeiPrediction] | list[list[TeiPrediction]],
                summary="Classify texts or pairs (TEI-compatible)")
-async def predict(body: TeiPredictRequest, request: Request, door: Door, state: State) -> Response:
+async def predict(body: TeiPredictRequest, request: Request, door: Door, model: Model) -> Response:
     """Every label's score for each text or [text, text_pair] pair, best first; one list per input for a batch."""
     single = isinstance(body.inputs, str) or is_pair(body.inputs)
     entries = [body.inputs] if single else list(body.inputs)
-    prep = preparation(state.checkpoint.pooling, body.truncate, body.truncation_direction)
+    prep = preparation(model.checkpoint.pooling, body.truncate, body.truncation_direction)
     logits = await door.classify(entries, prep, gone=client_gone(request))
-    spec = state.checkpoint.labels
+    spec = model.checkpoint.labels
     results = [labelled(spec.scores(row, raw=body.raw_scores), spec.labels) for row in logits]
     return json_response(results[0] if single else results)
 
 
 @classify.post("/rerank", response_model=list[TeiRank], summary="Rerank texts against a query (TEI-compatible)")
-async def rerank(body: TeiRerankRequest, request: Request, door: Door, state: State) -> Response:
+async def rerank(body: TeiRerankRequest, request: Request, door: Door, model: Model) -> Response:
     """The cross-encoder's score of (query, text) for every text, sorted best first, with each text's index."""
     if door.num_labels and not door.classifier_pairs:
         raise ServiceError("unsupported", f"/rerank needs a cross-encoder (a classifier of [query, text] pairs); this "
@@ -44,11 +44,11 @@ async def rerank(body: TeiRerankRequest, request: Request, door: Door, state: St
                                           f"has {door.num_labels} outputs (use /predict)")
     if not body.texts:
         raise ServiceError("empty", "texts is empty; send at least one text to rank", param="texts")
-    prep = preparation(state.checkpoint.pooling, body.truncate, body.truncation_direction)
+    prep = preparation(model.checkpoint.pooling, body.truncate, body.truncation_direction)
     door.check_query(body.query, prep)
     logits = await door.classify([[body.query, text] for text in body.texts], prep, gone=client_gone(request),
                                  field="texts")
-    scores = state.checkpoint.labels.scores(np.stack(logits)[:, 0], raw=body.raw_scores)
+    scores = model.checkpoint.labels.scores(np.stack(logits)[:, 0], raw=body.raw_scores)
     ranks = [{"index": int(i), "score": float(scores[i]), **({"text": body.texts[i]} if body.return_text else {})}
              for i in np.argsort(-scores, kind="stable")]
     return json_response(ranks)

@@ -123,10 +123,10 @@ def test_metrics_count_every_front_end(workers):
     outcomes = asyncio.run(hammer(url, 40))
     assert outcomes == [200] * 40
     text = httpx.get(url + "/metrics").text  # answered by one front end, counting both
-    answered = sum(float(v) for v in re.findall(r'^bert_requests_total\{route="/embed",status="200"\} (\S+)$', text,
-                                                  re.MULTILINE))
+    answered = sum(float(v) for v in re.findall(
+        r'^bert_requests_total\{model="[^"]+",route="/embed",status="200"\} (\S+)$', text, re.MULTILINE))
     assert answered == 40
-    assert float(re.search(r"^bert_items_computed_total (\S+)$", text, re.MULTILINE).group(1)) >= 160
+    assert float(re.search(r'^bert_items_computed_total\{model="[^"]+"\} (\S+)$', text, re.MULTILINE).group(1)) >= 160
 
 
 def test_answers_leave_at_once_on_a_kept_alive_connection(workers):

@@ -168,4 +168,4 @@ def test_stopping_answers_everything_queued(device_s):
     batcher.stop()
     assert sorted(t.tag for t in sink.tickets) == list(range(20))
     assert all(t.results == [t.tag] for t in sink.tickets)
-    assert not any(thread.is_alive() for thread in batcher._threads)
+    assert not any(thread.is_alive() for thread in [batcher._preparer, *batcher.device._threads])

@@ -17,7 +17,7 @@ from service.frontend import runtime
 from service.frontend.app import create_http_app
 from service.settings import Settings
 state = runtime.Runtime(Settings(checkpoint=sys.argv[1]), link=None)
-state.checkpoint = runtime.load_checkpoint_files(sys.argv[1])  # what Runtime.start reads
+state.default_model.checkpoint = runtime.load_checkpoint_files(sys.argv[1])  # what Runtime.start reads
 create_http_app(state)
 print(json.dumps({"torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),
                   "vocab": state.checkpoint.tokenizer.vocab_size, "model": state.checkpoint.model is None}))
