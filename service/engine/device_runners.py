@@ -135,6 +135,7 @@ class DeviceRunners:
                         if picking is not None:
                             chosen = picking.pick_for_runner()
                             if chosen:
+                                self._wake_other_preparers(picking)
                                 return picking, chosen, None
                             continue
                         self.batch_ready.wait()
@@ -147,7 +148,16 @@ class DeviceRunners:
                     queue = self._next_prepared()
                 if queue is None:
                     return None
+            self._wake_other_preparers(queue)
             return (queue, *queue.take_prepared())
+
+    def _wake_other_preparers(self, taken: Batcher) -> None:
+        """A request that came to an idle model woke a runner rather than the model's preparer (the runner would pick
+        it itself); a runner that takes another model's batch instead wakes that preparer, or the request would wait
+        for its deadline."""
+        for queue in self.queues:
+            if queue is not taken and queue.preparing_soon():
+                queue.wake_preparer()
 
     def release(self, queue: Batcher) -> None:
         """A batch taken from `queue` is done with (answered, failed or dropped)."""
