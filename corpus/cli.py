@@ -104,6 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted: run the same command again to resume into {args.output}", file=sys.stderr)
         return 130
-    if summary is not None and (summary.rows or summary.rejects):
+    if summary is not None and summary.rows:
         print(summary.line())
     return 0
