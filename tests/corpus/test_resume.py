@@ -24,7 +24,11 @@ def uninterrupted(tmp_path_factory, corpus, tiny_checkpoint):
     output = tmp_path_factory.mktemp("whole") / "out"
     done = run_cli(embed_args(corpus, output, tiny_checkpoint, *OPTIONS))
     assert done.returncode == 0, done.stderr
-    return read_output(output)
+    return output
+
+
+def shard_bytes(output) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted((output / "shards").iterdir())}
 
 
 def kill_at(point: str, args: list[str], tmp_path) -> None:
@@ -41,10 +45,11 @@ def test_killed_then_resumed_gives_every_row_once(tmp_path, corpus, tiny_checkpo
         assert list((output / "shards").glob(".tmp-*")) and len(list((output / "shards").glob("part-*"))) == 1
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stderr
-    found = read_output(output)
+    found, expected = read_output(output), read_output(uninterrupted)
     assert sorted(found["id"]) == sorted(f"doc-{i}" for i in range(ROWS))  # each once: no gap, no duplicate
-    assert found["id"] == uninterrupted["id"]
-    np.testing.assert_array_equal(found["embedding"], uninterrupted["embedding"])
+    assert found["id"] == expected["id"]
+    np.testing.assert_array_equal(found["embedding"], expected["embedding"])
+    assert shard_bytes(output) == shard_bytes(uninterrupted)  # the very files of a run never stopped
     assert not [p for p in output.rglob(".tmp-*")]
     finished = manifest(output)
     assert finished["complete"] and finished["totals"]["rows"] == ROWS
