@@ -5,8 +5,8 @@
 #   docker run -v ckpts:/checkpoints bert-serve:0.1.0-cpu train --corpus wikitext-2 --output /checkpoints/m
 #   docker run -v cache:/cache -e HF_TOKEN -p 8000:8000 bert-serve:0.1.0-cpu serve --checkpoint org/name   (a Hub id)
 #   docker run -v data:/data bert-serve:0.1.0-cpu corpus embed /data/docs.jsonl --output /data/vectors
-# Either variant with Ray for `corpus embed --ray` and as a Ray cluster's node (the service never needs it; it adds
-# about a third to the CPU image, docs/deployment.md):
+# Either variant with Ray for `corpus embed --ray` and as a Ray cluster's node (the service never needs it; on the
+# CPU image it adds 0.32 GB to 1.80 GB, docs/deployment.md):
 #   docker build --build-arg VARIANT=cpu --build-arg RAY=1 -t bert-serve:0.1.0-cpu-ray .
 # The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
 # Linux x86-64), requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index) and, with
