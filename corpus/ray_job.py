@@ -70,8 +70,7 @@ def run(settings: JobSettings, stream=None) -> Summary:
             if job.manifest.get("complete"):
                 return nothing_to_do(settings, job, stream, started)
             start_job(job)
-            if job.todo:
-                job.progress.start()  # the rates' clock: from here the actors' start-up counts in them
+            if job.todo:  # the rates' clock started with the job's progress: the actors' start-up counts in them
                 for result in _results(settings, job.todo):
                     if result["stopped_by"]:
                         raise Rejected(**json.loads(result["stopped_by"])).as_error()
