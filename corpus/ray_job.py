@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from corpus import shards
-from corpus.embedder import Embedder, resolved_dtype
+from corpus.embedder import Embedder
 from corpus.errors import CorpusError, Rejected
 from corpus.local_job import finish_job, nothing_to_do, open_job, start_job
 from corpus.output import open_output
@@ -174,8 +174,10 @@ def _settings_from_json(text: str) -> JobSettings:
 
 def _start_engine(settings_json: str) -> str:
     settings = _settings_from_json(settings_json)
-    Embedder(settings).close()
-    return resolved_dtype(settings.dtype)
+    embedder = Embedder(settings)
+    embedder.close()
+    # --dtype auto is what the engine chose on this worker's device; any other choice is recorded as asked
+    return embedder.precision.name if settings.dtype == "auto" else settings.dtype
 
 
 def _tokenize(row: dict, settings_json: str) -> dict:

@@ -41,6 +41,14 @@ def run_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> s
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def finished_job(output: Path, source: Path, checkpoint: Path, *options: str) -> Path:
+    """`python -m corpus embed SOURCE --output OUTPUT OPTIONS` run to its end, never stopped: what a resumed job is
+    held to."""
+    done = run_cli(embed_args(source, output, checkpoint, *options))
+    assert done.returncode == 0, done.stderr
+    return output
+
+
 def kill_at(point: str, args: list[str], marker: Path, env: dict | None = None) -> None:
     """`python -m corpus ARGS` started through tests/corpus/paused_job.py, run until it stands still at `point`, then
     killed with SIGKILL, as a crash or a power cut would stop it."""

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tests.corpus import job_helpers
-from tests.corpus.job_helpers import embed_args, manifest, read_output, run_cli, sentences, write_jsonl
+from tests.corpus.job_helpers import (embed_args, finished_job, manifest, read_output, run_cli, sentences,
+                                      write_jsonl)
 
 ROWS = 100
 OPTIONS = ("--id-column", "id", "--rows-per-shard", "16", "--max-batch-tokens", "512")
@@ -21,10 +22,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, corpus, tiny_checkpoint):
-    output = tmp_path_factory.mktemp("whole") / "out"
-    done = run_cli(embed_args(corpus, output, tiny_checkpoint, *OPTIONS))
-    assert done.returncode == 0, done.stderr
-    return output
+    return finished_job(tmp_path_factory.mktemp("whole") / "out", corpus, tiny_checkpoint, *OPTIONS)
 
 
 def shard_bytes(output) -> dict[str, bytes]:

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from tests.corpus import job_helpers
-from tests.corpus.job_helpers import (embed_args, manifest, read_output, required_or_skip, run_cli, sentences,
-                                      write_jsonl)
+from tests.corpus.job_helpers import (embed_args, finished_job, manifest, read_output, required_or_skip, run_cli,
+                                      sentences, write_jsonl)
 
 required_or_skip("moto.server", "BERT_REQUIRE_MOTO", "moto (requirements/dev.txt) is the local S3 server")
 from tests.corpus.object_store import BUCKET, download, environment, keys, local_store  # noqa: E402
@@ -43,10 +43,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def in_a_directory(tmp_path_factory, corpus, tiny_checkpoint):
-    output = tmp_path_factory.mktemp("directory") / "out"
-    done = run_cli(embed_args(corpus, output, tiny_checkpoint, *OPTIONS))
-    assert done.returncode == 0, done.stderr
-    return output
+    return finished_job(tmp_path_factory.mktemp("directory") / "out", corpus, tiny_checkpoint, *OPTIONS)
 
 
 def files_of(folder) -> dict[str, bytes]:
