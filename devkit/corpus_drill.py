@@ -79,16 +79,16 @@ def compared(found: Path, reference: Path) -> dict:
 
 
 def in_the_image(work: Path) -> dict:
-    done, seconds = timed(["docker", "run", "--rm", *POD_SECURITY, "-v", f"{work}:/work", IMAGE, "corpus", "embed",
-                           "/work/corpus.jsonl", "--output", "/work/alone", *OPTIONS])
+    done, seconds = timed(["docker", "run", "--rm", *POD_SECURITY, "-v", f"{work}:/data", IMAGE, "corpus", "embed",
+                           "/data/corpus.jsonl", "--output", "/data/alone", *OPTIONS])
     return {"exit": done.returncode, "seconds": seconds, "summary": done.stdout.strip(),
             "error": done.stderr.strip().splitlines()[-1:] if done.returncode else []}
 
 
 def on_ray_in_the_image(work: Path) -> dict:
     done, seconds = timed(["docker", "run", "--rm", "--shm-size", "512m", "--user", "10001:10001",
-                           "-v", f"{work}:/work", RAY_IMAGE, "corpus", "embed", "/work/corpus.jsonl",
-                           "--output", "/work/ray", *OPTIONS, "--ray"])
+                           "-v", f"{work}:/data", RAY_IMAGE, "corpus", "embed", "/data/corpus.jsonl",
+                           "--output", "/data/ray", *OPTIONS, "--ray"])
     return {"exit": done.returncode, "seconds": seconds, "summary": done.stdout.strip(),
             "error": done.stderr.strip().splitlines()[-3:] if done.returncode else []}
 
@@ -109,7 +109,7 @@ def to_an_object_store(work: Path) -> dict:
         variables = [f"--env={name}={value}" for name, value in {**FAKE_CREDENTIALS,
                                                                  "AWS_ENDPOINT_URL": endpoint}.items()]
         done, seconds = timed(["docker", "run", "--rm", *POD_SECURITY, "--network", "host", *variables,
-                               "-v", f"{work}:/work", IMAGE, "corpus", "embed", "/work/corpus.jsonl",
+                               "-v", f"{work}:/data", IMAGE, "corpus", "embed", "/data/corpus.jsonl",
                                "--output", f"s3://{BUCKET}/vectors", *OPTIONS])
         objects = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
         into = work / "s3"
