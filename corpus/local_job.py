@@ -2,7 +2,7 @@
 
     reader:  work unit -> rows (corpus.readers) -> token ids (or chunks) and rejects    ─┐ bounded queue
     engine:  token ids -> vectors (corpus.embedder), packed batches, the device kept busy ◄┘ ─┐ bounded queue
-    writer:  vectors -> one Parquet shard per unit, staged then committed (corpus.output)   ◄──┘
+    writer:  vectors -> one Parquet shard per unit, staged then committed (corpus.output)  ◄──┘
 
 The engine's threads compute with the GIL released (torch ops); the reader's tokenizer and pyarrow's readers and
 writers release it too for most of their work. Each queue holds two units, so memory stays at a few units
@@ -123,7 +123,8 @@ def nothing_to_do(settings: JobSettings, job: OpenedJob, stream, started: float)
     total = job.manifest["total_rows"]
     print(f"nothing to do: {settings.output} holds this job complete ({total} rows in {len(job.plan)} shards)",
           file=stream or sys.stderr)
-    return Summary(0, 0, 0, 0, 0, time.monotonic() - started, 0, total)
+    return Summary(rows=0, documents=0, vectors=0, rejects=0, tokens=0, seconds=time.monotonic() - started, shards=0,
+                   already_done=total)
 
 
 def finish_job(job: OpenedJob) -> None:
