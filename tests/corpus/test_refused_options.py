@@ -38,10 +38,9 @@ def endpoint():
 
 
 def on_a_gpu(monkeypatch) -> None:
-    """The engine's device is a GPU (it is refused before any CUDA call, so this machine need not have one)."""
-    import model.device
-
-    monkeypatch.setattr(model.device, "pick_device", lambda choice="auto": torch.device("cuda"))
+    """CUDA seems present, so the engine's device is a GPU (int8 is refused before any CUDA call: this machine need
+    not have one)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
 def refused(args: list[str], named: str, capsys, monkeypatch) -> str:
