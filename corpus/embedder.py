@@ -41,15 +41,17 @@ def checkpoint_identity(source) -> dict:
             "weights_sha256": weights_hash(Path(source.path))}
 
 
-def job_identity(settings: JobSettings, source) -> dict:
+def job_identity(settings: JobSettings, source, dtype: str | None = None) -> dict:
     """settings.identity() with the pooling the checkpoint's recipe gives when --pooling is left out, --dtype auto
-    resolved for this machine and model (resolved_dtype), and without the checkpoint's name (the model is compared by checkpoint_identity)."""
+    resolved (`dtype`: as the machine that runs the engine resolved it, a Ray worker's device not being the
+    driver's; None: this machine, for this model: resolved_dtype), and without the checkpoint's name (the model is
+    compared by checkpoint_identity)."""
     from model.pooling import read_pooling
 
     identity = settings.identity()
     identity.pop("checkpoint", None)
     identity["pooling"] = settings.pooling or read_pooling(Path(source.path)).mode
-    identity["dtype"] = resolved_dtype(settings, source)
+    identity["dtype"] = dtype or resolved_dtype(settings, source)
     return identity
 
 

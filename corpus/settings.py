@@ -34,7 +34,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class JobSettings:
     input: str  # a file, a directory, a glob or an s3:// URI (corpus.inputs)
-    output: str  # the output directory: manifest.json, shards/, rejects/
+    output: str  # a directory or an object-store prefix (s3://...): manifest.json, shards/, rejects/ (corpus.output)
     checkpoint: str = str(DEFAULT_CHECKPOINT)  # a directory or a Hub id org/name[@revision], as the service's
     text_column: str | None = None  # JSONL/Parquet/CSV: the column holding the text (None: "text")
     id_column: str | None = None  # None: ids made from the file and the line

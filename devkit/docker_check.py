@@ -10,8 +10,11 @@
    process inside a replica; each --drills times, every request counted): nothing may be lost, and each
    replica must do what docs/processes.md says (its facts' "ok").
 4. Cold start of the CPU image with the Kubernetes chart's pod security, float32 and int8 (devkit/cold_start.py).
+5. The corpus job in the CPU image and its Ray variant: alone, with --ray, to an S3-compatible server, and on the
+   compose profile's two-container Ray cluster (devkit/corpus_drill.py); `--corpus-only` builds those two images
+   and runs this part alone.
 
-    python -m devkit.docker_check [--cuda] [--drills 3] [--build-arg NAME=VALUE ...]
+    python -m devkit.docker_check [--cuda] [--corpus-only] [--drills 3] [--build-arg NAME=VALUE ...]
 
 Build arguments pass through to `docker build` (on machines whose package index is not PyPI:
 PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_TRUSTED_HOST, TORCH_CPU_INDEX).
@@ -29,11 +32,11 @@ import time
 
 import httpx
 
-from devkit import cold_start, fault_drills
+from devkit import cold_start, corpus_drill, fault_drills
 from devkit.paths import REPO_ROOT
 
 CPU_COMPOSE = ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml"]
-IMAGES = {"cpu": "bert-serve:0.1.0-cpu", "cuda": "bert-serve:0.1.0"}
+IMAGES = {"cpu": "bert-serve:0.1.0-cpu", "cuda": "bert-serve:0.1.0", "cpu-ray": "bert-serve:0.1.0-cpu-ray"}
 
 
 def sh(*command: str, check: bool = True, capture: bool = True) -> str:
@@ -43,16 +46,24 @@ def sh(*command: str, check: bool = True, capture: bool = True) -> str:
     return done.stdout if capture else ""
 
 
+def pins(lock_file: str) -> list[str]:
+    return [line for line in (REPO_ROOT / lock_file).read_text().splitlines()
+            if line and not line.startswith(("#", "-r "))]
+
+
 def build(variant: str, build_args: list[str]) -> dict:
-    args = [f"--build-arg=VARIANT={variant}"] + [f"--build-arg={a}" for a in build_args]
+    """`variant` is cpu, cuda or cpu-ray (the CPU image built with RAY=1)."""
+    base, ray = variant.removesuffix("-ray"), variant.endswith("-ray")
+    args = [f"--build-arg=VARIANT={base}", f"--build-arg=RAY={int(ray)}"] + [f"--build-arg={a}" for a in build_args]
     started = time.perf_counter()
     sh("docker", "build", "--network", "host", *args, "-t", IMAGES[variant], ".", capture=False)
     size = int(sh("docker", "image", "inspect", "-f", "{{.Size}}", IMAGES[variant]).strip())
     frozen = sh("docker", "run", "--rm", "--entrypoint", "pip", IMAGES[variant], "freeze", "--all", "--exclude", "pip")
-    lock_file = "requirements/serve.txt" if variant == "cpu" else "requirements/image-cuda.txt"
-    lock = [line for line in (REPO_ROOT / lock_file).read_text().splitlines() if line and not line.startswith("#")]
-    if variant == "cpu":  # the CPU image installs the same torch release from PyTorch's CPU index
+    lock = pins("requirements/serve.txt" if base == "cpu" else "requirements/image-cuda.txt")
+    if base == "cpu":  # the CPU image installs the same torch release from PyTorch's CPU index
         lock = [re.sub(r"^torch==([^+]+)$", r"torch==\1+cpu", line) for line in lock]
+    if ray:  # pip freeze names an extra's package without the extra
+        lock += [re.sub(r"\[[^]]*\]", "", line) for line in pins("requirements/ray.txt")]
     installed = set(frozen.split())
     return {"image": IMAGES[variant], "size_gb": round(size / 1e9, 2), "build_s": round(time.perf_counter() - started),
             "packages": len(installed), "freeze_equals_lock": installed == set(lock),
@@ -151,13 +162,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda", action="store_true", help="also build the CUDA image (downloads ~5 GB)")
     parser.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--drills", type=int, default=3, help="times each fault drill is repeated")
+    parser.add_argument("--corpus-only", action="store_true",
+                        help="build the CPU image and its Ray variant, and run the corpus drill only")
     args = parser.parse_args(argv)
-    report = {"images": [build("cpu", args.build_arg)] + ([build("cuda", args.build_arg)] if args.cuda else [])}
+    if args.corpus_only:
+        report = {"images": [build("cpu", args.build_arg), build("cpu-ray", args.build_arg)],
+                  "corpus": corpus_drill.run()}
+        print(json.dumps(report, indent=1))
+        ok = all(i["freeze_equals_lock"] for i in report["images"]) and report["corpus"]["ok"]
+        print("test-docker (corpus):", "passed" if ok else "FAILED")
+        return 0 if ok else 1
+    report = {"images": [build("cpu", args.build_arg), build("cpu-ray", args.build_arg)]
+              + ([build("cuda", args.build_arg)] if args.cuda else [])}
     report["compose_cpu"] = compose_single()
     report["compose_scale_cpu"] = compose_scale()
     drills = fault_drills.run_drills(args.drills)
     report["fault_drills"] = [vars(d) for d in drills]
     report["cold_start"] = cold_start.measure(runs=3)
+    report["corpus"] = corpus_drill.run()
     print(json.dumps(report, indent=1))
     print(fault_drills.table(drills))
     images_ok = all(i["freeze_equals_lock"] for i in report["images"])
@@ -168,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
           and single["docker_health"] == "healthy" and stop["exit_code"] == 0 and answered and answered[0] == answered[1]
           and fault_drills.passed(drills)
           and all(n > 0 for n in report["compose_scale_cpu"]["scaled_to_4"]["requests_served_by_new"])
-          and "api" not in report["compose_scale_cpu"]["services"])
+          and "api" not in report["compose_scale_cpu"]["services"] and report["corpus"]["ok"])
     print("test-docker:", "passed" if ok else "FAILED")
     return 0 if ok else 1
 
