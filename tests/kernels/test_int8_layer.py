@@ -1,16 +1,17 @@
-"""Whole int8 layers in one C call (model/int8_layer.c): the same outputs as the layer's own int8 modules (to float
-rounding), at any length; batched equal to single and several threads equal to one (bit for bit); and the modules
-wherever the call cannot take the input."""
+"""Whole int8 layers in one C call (kernels/c/int8_layer.c): the reference formulas' bits, and the layer's own int8
+modules' wherever both run the same attention; batched equal to single and several threads equal to one (bit for
+bit); the modules wherever the call cannot take the input; and no cast or move of the model that would leave the
+C layer reading stale constants."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model import attention_kernel, int8_layer
+from kernels import attention, int8_layer, int8_reference
+from kernels.quantize import quantize
 from model.bert import BertLayer
 from model.packing import Packing
-from model.quantize import quantize
 from tests.conftest import random_model
 
 LAYER = int8_layer.kernel()
@@ -43,20 +44,28 @@ def test_quantize_fuses_every_layer_and_keeps_the_parameter_names(tokenizer, mon
     assert fused.state_dict().keys() == plain.state_dict().keys()
 
 
-@pytest.mark.parametrize("lengths", [[1], [34], [40, 1, 17, 5], [attention_kernel.MAX_LENGTH + 30, 2],
+@pytest.mark.parametrize("lengths", [[1], [34], [40, 1, 17, 5], [attention.MAX_LENGTH + 30, 2],
                                      [120, 90, 3]])  # the last: two chunks of rows, a sequence across their boundary
 @pytest.mark.parametrize("count", [1, 3])
-def test_the_c_layer_matches_the_layers_modules(tokenizer, threads, lengths, count):
+def test_the_c_layer_gives_the_reference_bits_and_the_modules_bits(tokenizer, threads, lengths, count):
     layer = int8_model(tokenizer).bert.encoder.layer[0]
     x, packing = packed_input(lengths)
     threads(count)
     with torch.inference_mode():
-        got, expected = layer(x, packing), BertLayer.forward(layer, x, packing)
-    # Outputs are LayerNorm'd; the two sum in different orders, and a value within rounding of a quantization
-    # step may round to the neighbouring one.
-    assert got.shape == expected.shape and got.dtype == torch.float32
-    torch.testing.assert_close(got, expected, atol=int8_layer.CHECK_TOLERANCE, rtol=0)
-    assert (got - expected).abs().median() < 1e-5
+        got, modules = layer(x, packing), BertLayer.forward(layer, x, packing)
+        constants = int8_layer.layer_constants(layer)
+        reference = int8_reference.layer_forward(constants, x, packing.spans, attention.kernel().attend_spans)
+        with_torch_attention = int8_reference.layer_forward(constants, x, packing.spans)
+    assert got.shape == x.shape and got.dtype == torch.float32
+    assert torch.equal(got, reference)  # the same formulas and attention: the same bits
+    for start, length in packing.spans:
+        if length <= attention.MAX_LENGTH:  # the modules run the same attention kernel there: the same bits
+            assert torch.equal(got[start:start + length], modules[start:start + length])
+        else:  # torch's attention there: its rounding, which a quantization step may amplify to one step
+            torch.testing.assert_close(got[start:start + length], modules[start:start + length], atol=0.05, rtol=0)
+    # against torch's attention at every length: within the rounding of attention, amplified the same way
+    torch.testing.assert_close(got, with_torch_attention, atol=0.05, rtol=0)
+    assert (got - with_torch_attention).abs().median() < 1e-5
 
 
 def test_several_threads_and_batching_change_no_bit(tokenizer, threads):
@@ -82,7 +91,7 @@ def test_a_whole_int8_model_gives_the_embeddings_of_its_modules(tokenizer, monke
         got, _ = fused.encode_packed(ids, torch.zeros_like(ids), packing, for_heads=False)
         plain = int8_model(tokenizer, monkeypatch, fused=False)
         expected, _ = plain.encode_packed(ids, torch.zeros_like(ids), packing, for_heads=False)
-    assert torch.nn.functional.cosine_similarity(got, expected).min() > 0.999
+    assert torch.equal(got, expected)  # short sequences: the same attention kernel, the same formulas
 
 
 @pytest.mark.parametrize("case", ["selected rows", "bfloat16", "padded input", "gradients"])
@@ -114,3 +123,29 @@ def test_run_refuses_what_it_cannot_compute(tokenizer):
         LAYER.run(layer.weights, x.double(), packing)
     with pytest.raises(ValueError, match=r"not \(6, 64\)"):
         LAYER.run(layer.weights, torch.zeros(6, 64), packing)
+
+
+@pytest.mark.parametrize("cast", ["bfloat16", "float64"])
+def test_a_cast_of_the_model_reaches_what_the_c_layer_reads(tokenizer, cast):
+    """A cast gives the LayerNorms new tensors; the C layer must read those, as the modules do, not the old ones."""
+    model = int8_model(tokenizer)
+    layer = model.bert.encoder.layer[0]
+    x, packing = packed_input([20, 7])
+    with torch.inference_mode():
+        before = layer(x, packing)
+        model.to(getattr(torch, cast))
+        after, modules = layer(x, packing), BertLayer.forward(layer, x, packing)
+    assert torch.equal(after, modules)  # float32 input: the C layer, and the modules, on the cast parameters
+    assert not torch.equal(after, before) if cast == "bfloat16" else torch.equal(after, before)
+
+
+@pytest.mark.parametrize("move, message", [(lambda m: m.to("meta"), "computes on a CPU only"),
+                                           (lambda m: m.type(torch.float16), "keeps int8 weights")])
+def test_moving_an_int8_model_off_the_cpu_is_refused_before_anything_moves(tokenizer, move, message):
+    model = int8_model(tokenizer)
+    layer = model.bert.encoder.layer[1]
+    with pytest.raises(ValueError, match=f"Int8FusedLayer {message}"):
+        move(layer)
+    x, packing = packed_input([9])
+    with torch.inference_mode():
+        assert torch.equal(layer(x, packing), BertLayer.forward(layer, x, packing))  # still whole and in agreement
