@@ -5,8 +5,13 @@ C layer reading stale constants."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
+
+from devkit.paths import REPO_ROOT
 
 from kernels import attention, int8_layer, int8_reference
 from kernels.quantize import quantize
@@ -149,3 +154,20 @@ def test_moving_an_int8_model_off_the_cpu_is_refused_before_anything_moves(token
     x, packing = packed_input([9])
     with torch.inference_mode():
         assert torch.equal(layer(x, packing), BertLayer.forward(layer, x, packing))  # still whole and in agreement
+
+
+def test_the_c_layer_runs_without_numba(tmp_path):
+    """numba serves only the modules' row steps: a host without it still runs every layer as one C call."""
+    code = """
+import sys
+sys.modules["numba"] = None  # `import numba` now fails, as where it is not installed
+from kernels import int8_layer, int8_numba, int8_path
+from kernels.quantize import quantize
+from tests.conftest import random_model
+model = quantize(random_model(300), "per-token")
+print(int8_numba.AVAILABLE, all(isinstance(l, int8_layer.Int8FusedLayer) for l in model.bert.encoder.layer))
+print(int8_path.describe())
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["False True", "each layer in one C call"]
