@@ -46,13 +46,18 @@ def checkpoint_identity(source) -> dict:
 
 def job_identity(settings: JobSettings, source) -> dict:
     """settings.identity() with the pooling the checkpoint's recipe gives when --pooling is left out, --dtype auto
-    resolved for this machine, and without the checkpoint's name (the model is compared by checkpoint_identity)."""
+    resolved for this machine, for int8 the kernels' path (`kernels.int8_path_identity`), and without the
+    checkpoint's name (the model is compared by checkpoint_identity)."""
     from model.pooling import read_pooling
 
     identity = settings.identity()
     identity.pop("checkpoint", None)
     identity["pooling"] = settings.pooling or read_pooling(Path(source.path)).mode
     identity["dtype"] = resolved_dtype(settings.dtype)
+    if identity["dtype"] == "int8":  # int8's bits depend on the kernels this host runs: no two kinds in one output
+        from kernels import int8_path_identity
+
+        identity["int8_path"] = int8_path_identity()
     return identity
 
 
