@@ -10,21 +10,22 @@ The layout, from the formulas out:
 - int8_modules, quantize: the int8 modules and the quantizer that puts them into a model;
 - int8_path: what runs here, and an identity of the int8 output's bits.
 
-`model` never imports this package: `install()` hands the attention kernel to `model.attention`. Names are imported
-on first use, so that `python -S -m kernels.build` needs nothing but the standard library.
+`model` never imports this package: `install()` hands the attention kernel to `model.attention`. Importing this
+package imports nothing, so that `python -S -m kernels.build` needs the standard library alone.
 """
 
 from __future__ import annotations
 
-import importlib
 
-_HOMES = {"install": "kernels.attention", "int8_path_identity": "kernels.int8_path"}
-__all__ = sorted(_HOMES)
+def install() -> None:
+    """Make `model.attention` ask this package for its CPU attention kernel (kernels.attention)."""
+    from kernels import attention
+
+    attention.install()
 
 
-def __getattr__(name: str):
-    if name not in _HOMES:
-        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOMES[name]), name)
-    globals()[name] = value
-    return value
+def int8_path_identity() -> str:
+    """The same string on two hosts exactly when their int8 outputs are the same bits (kernels.int8_path)."""
+    from kernels import int8_path
+
+    return int8_path.int8_path_identity()

@@ -124,7 +124,8 @@ class Kernel:
 
 class Int8FusedLayer(BertLayer):
     """A BertLayer of int8 parts (see the module's text) that runs as one C call where it can. The C layer reads
-    the parts' constants through pointers: a cast of the model re-derives them, and a move off the CPU is refused."""
+    the parts' constants through pointers: a cast or a copy of the model re-derives them, and a move off the CPU is
+    refused."""
 
     def __init__(self, layer: BertLayer, kernel: Kernel):
         torch.nn.Module.__init__(self)
@@ -138,9 +139,19 @@ class Int8FusedLayer(BertLayer):
         self.weights = LayerWeights(self)  # the LayerNorms may hold new tensors now
         return module
 
+    def __getstate__(self):
+        state = super().__getstate__()
+        return {name: value for name, value in state.items() if name not in ("kernel", "weights")}
+
+    def __setstate__(self, state):
+        """A copy (copy.deepcopy) points the C layer at its own parts' tensors, never at the original's."""
+        super().__setstate__(state)
+        self.kernel = kernel()
+        self.weights = LayerWeights(self)
+
     def forward(self, x: torch.Tensor, attn_mask, keep: torch.Tensor | None = None) -> torch.Tensor:
         if keep is None and isinstance(attn_mask, Packing) and x.dtype == torch.float32 and x.device.type == "cpu" \
-                and not x.requires_grad:
+                and not x.requires_grad and self.kernel is not None:
             return self.kernel.run(self.weights, x, attn_mask)
         return super().forward(x, attn_mask, keep)
 

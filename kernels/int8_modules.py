@@ -57,12 +57,26 @@ class Int8Linear(nn.Module):
         self.bias = torch.zeros(self.out_features) if bias is None else bias.detach().float().clone()
         self.input_scale = torch.ones(self.in_features) if smoothing is None else 1.0 / smoothing.float()
         self.smoothed = smoothing is not None
-        # numpy views of the constants, for numba's kernels (one conversion fewer per call; same memory)
+        self._derive()
+        self.blocked = self.vnni.block(self.weight_t) if self.vnni is not None else None
+
+    def _derive(self) -> None:
+        """What this layer reads besides its constants: numpy views of them, for numba's kernels (one conversion
+        fewer per call; same memory), and the VNNI kernel where it runs here."""
         self.weight_scale_array, self.bias_array = self.weight_scale.numpy(), self.bias.numpy()
         self.input_scale_array = self.input_scale.numpy()
         vnni = int8_products.kernel()
         self.vnni = vnni if vnni is not None and vnni.fits(self.in_features) else None
-        self.blocked = self.vnni.block(self.weight_t) if self.vnni is not None else None
+
+    def __getstate__(self):
+        return {name: value for name, value in super().__getstate__().items() if name != "vnni"}
+
+    def __setstate__(self, state):
+        """A copy (copy.deepcopy) reads its own constants, and the loaded kernel of this process."""
+        super().__setstate__(state)
+        self._derive()
+        if self.vnni is None:
+            self.blocked = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, smoothing: torch.Tensor | None = None) -> Int8Linear:
@@ -120,7 +134,11 @@ class Int8GeluIntermediate(nn.Module):
         super().__init__()
         self.dense = dense
         self.reader_input_scale = reader.input_scale  # a plain attribute: stays float32 (see Int8Linear)
-        self.reader_input_scale_array = reader.input_scale_array
+        self.reader_input_scale_array = self.reader_input_scale.numpy()
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.reader_input_scale_array = self.reader_input_scale.numpy()  # a view of the copy's own scale
 
     def forward(self, x: torch.Tensor) -> QuantizedRows:
         dense = self.dense
@@ -151,6 +169,10 @@ class Int8ResidualNorm(nn.Module):
         module = super()._apply(fn, recurse)
         self.norm_arrays = self._norm_arrays()  # a cast gave the LayerNorm new tensors: read those
         return module
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.norm_arrays = self._norm_arrays()  # views of the copy's own parameters
 
     def forward(self, x: torch.Tensor | QuantizedRows, residual: torch.Tensor) -> torch.Tensor:
         dense = self.dense

@@ -47,8 +47,11 @@ class ShortSequenceKernel(Protocol):
         attention to itself alone, into the same rows of out (N, H)."""
 
 
-_no_kernel: Callable[[], ShortSequenceKernel | None] = lambda: None  # noqa: E731
-_cpu_kernel = _no_kernel
+def _no_kernel() -> ShortSequenceKernel | None:
+    return None
+
+
+_cpu_kernel: Callable[[], ShortSequenceKernel | None] = _no_kernel
 
 
 def use_cpu_kernel(provider: Callable[[], ShortSequenceKernel | None] | None) -> None:

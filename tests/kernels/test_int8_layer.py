@@ -5,6 +5,7 @@ C layer reading stale constants."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -142,6 +143,18 @@ def test_a_cast_of_the_model_reaches_what_the_c_layer_reads(tokenizer, cast):
         after, modules = layer(x, packing), BertLayer.forward(layer, x, packing)
     assert torch.equal(after, modules)  # float32 input: the C layer, and the modules, on the cast parameters
     assert not torch.equal(after, before) if cast == "bfloat16" else torch.equal(after, before)
+
+
+def test_a_copy_of_the_model_reads_its_own_constants(tokenizer):
+    model = int8_model(tokenizer)
+    copied = copy.deepcopy(model)
+    x, packing = packed_input([20, 7])
+    with torch.inference_mode():
+        before = copied.bert.encoder.layer[0](x, packing)
+        model.bert.encoder.layer[0].output.LayerNorm.weight.add_(1.0)  # the original changes in place
+        after = copied.bert.encoder.layer[0](x, packing)
+        changed = model.bert.encoder.layer[0](x, packing)
+    assert torch.equal(after, before) and not torch.equal(changed, before)
 
 
 @pytest.mark.parametrize("move, message", [(lambda m: m.to("meta"), "computes on a CPU only"),
