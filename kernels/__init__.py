@@ -25,7 +25,8 @@ def install() -> None:
 
 
 def int8_path_identity() -> str:
-    """The same string on two hosts exactly when their int8 outputs are the same bits (kernels.int8_path)."""
+    """The same string on two hosts whose int8 outputs are the same bits, another wherever they may differ
+    (kernels.int8_path)."""
     from kernels import int8_path
 
     return int8_path.int8_path_identity()

@@ -1,5 +1,6 @@
-"""Which int8 path this host runs: a description for /info and the log, and an identity two hosts share exactly when
-their int8 outputs can differ in no bit.
+"""Which int8 path this host runs: a description for /info and the log, and an identity of its output's bits: two
+hosts with the same identity give the same bits for the same model and input, and two whose outputs may differ
+have different identities.
 
 What decides the bits of an int8 model's output, and what does not:
 - the row-wise steps (quantize, dequantize, GELU, residual and LayerNorm) are kernels.int8_reference's formulas on
@@ -11,7 +12,9 @@ What decides the bits of an int8 model's output, and what does not:
 - everything else (embeddings, their LayerNorm, pooling, and torch's attention) is torch's, whose CPU kernels may
   round differently from one release or instruction set to the next: the identity names torch's version and the
   instruction set its kernels use here.
-Thread counts and batching change no bit on any path.
+The identity is cautious: two hosts it tells apart may still agree (the C layer and the modules with the C kernel
+agree on sequences the kernel takes). Thread counts change no bit of the int8 layers on any path, and with the C
+kernels neither does batching.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ def attention_variant() -> str:
 
 
 def int8_path_identity() -> str:
-    """The same string on two hosts exactly when their int8 outputs for the same model and input are the same bits
-    (up to the model's shape: a model the C layer cannot take runs the modules everywhere)."""
+    """The same string on two hosts whose int8 outputs for the same model and input are the same bits, another
+    wherever they may differ (see the module's text)."""
     return f"{FORMULAS}; {attention_variant()}; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
 
 
