@@ -11,15 +11,17 @@
 # The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
 # Linux x86-64), requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index) and, with
 # RAY=1, requirements/ray.txt's own pins on top.
-# The C kernels (model/*.c: int8 products, whole int8 layers, attention; for AVX-512 CPUs) are built in a stage of
-# their own, which has a compiler, and copied into the image, which has none. model/native.py builds them with the
+# The C kernels (kernels/c/*.c: int8 products, whole int8 layers, attention; for AVX-512 CPUs) are built in a stage
+# of their own, which has a compiler, and copied into the image, which has none. kernels/build.py builds them with the
 # standard library alone; where a CPU lacks their features the service uses torch's kernels instead.
 FROM python:3.11.11-slim-bookworm AS kernels
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
-COPY model/native.py model/*.c /build/
-RUN BERT_KERNEL_DIR=/opt/kernels python -S /build/native.py
+WORKDIR /build
+COPY kernels/__init__.py kernels/build.py kernels/
+COPY kernels/c/ kernels/c/
+RUN BERT_KERNEL_DIR=/opt/kernels python -S -m kernels.build
 
 FROM python:3.11.11-slim-bookworm
 
@@ -65,6 +67,7 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin bert \
  && chown bert:bert /checkpoints /cache
 
 COPY model/ model/
+COPY kernels/ kernels/
 COPY --from=kernels /opt/kernels/ /opt/kernels/
 COPY trainer/ trainer/
 COPY service/ service/

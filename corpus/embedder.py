@@ -44,14 +44,19 @@ def checkpoint_identity(source) -> dict:
 def job_identity(settings: JobSettings, source, dtype: str | None = None) -> dict:
     """settings.identity() with the pooling the checkpoint's recipe gives when --pooling is left out, --dtype auto
     resolved (`dtype`: as the machine that runs the engine resolved it, a Ray worker's device not being the
-    driver's; None: this machine, for this model: resolved_dtype), and without the checkpoint's name (the model is
-    compared by checkpoint_identity)."""
+    driver's; None: this machine, for this model: resolved_dtype), for int8 the kernels' path
+    (`kernels.int8_path_identity`), and without the checkpoint's name (the model is compared by
+    checkpoint_identity)."""
     from model.pooling import read_pooling
 
     identity = settings.identity()
     identity.pop("checkpoint", None)
     identity["pooling"] = settings.pooling or read_pooling(Path(source.path)).mode
     identity["dtype"] = dtype or resolved_dtype(settings, source)
+    if identity["dtype"] == "int8":  # int8's bits depend on the kernels this host runs: no two kinds in one output
+        from kernels import int8_path_identity
+
+        identity["int8_path"] = int8_path_identity()
     return identity
 
 

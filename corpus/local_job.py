@@ -28,7 +28,8 @@ from corpus.embedder import Embedder, checkpoint_identity, job_identity, resolve
 from corpus.errors import CorpusError
 from corpus.inputs import resolve_inputs
 from corpus.manifest import VERSION as MANIFEST_VERSION, check_manifest, completed
-from corpus.output import MANIFEST, Output, open_output
+from corpus.open_output import open_output
+from corpus.output import MANIFEST, Output
 from corpus.plan import make_plan, plan_from_json, plan_to_json
 from corpus.progress import Progress, Summary
 from corpus.readers import check_columns, read_unit

@@ -79,19 +79,3 @@ class Output(ABC):
 
     def write_shard(self, unit_name: str, table: pa.Table, rejects: list[Rejected]) -> None:
         self.commit(unit_name, self.stage(unit_name, table, rejects))
-
-
-def is_object_store(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
-
-
-def open_output(uri: str) -> Output:
-    """The output `--output` names: `s3://...` (or another fsspec scheme) is an object store, anything else a local
-    directory."""
-    if is_object_store(uri):
-        from corpus.store_output import StoreOutput
-
-        return StoreOutput(uri)
-    from corpus.local_output import LocalOutput
-
-    return LocalOutput(uri.removeprefix("file://"))

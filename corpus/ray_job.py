@@ -38,7 +38,7 @@ from corpus import shards
 from corpus.embedder import Embedder
 from corpus.errors import CorpusError, Rejected
 from corpus.local_job import computing_in, finish_job, nothing_to_do, open_job, start_job
-from corpus.output import open_output
+from corpus.open_output import open_output
 from corpus.plan import WorkUnit
 from corpus.progress import Summary
 from corpus.readers import read_unit

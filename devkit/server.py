@@ -21,11 +21,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(command: list[str], url: str, timeout_s: float = 120, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Run `command` (with `env`, if given) and wait for `url`/health. Its output goes to a file
+def start(command: list[str], url: str, timeout_s: float = 120, env: dict[str, str] | None = None,
+          cwd: Path = REPO_ROOT) -> subprocess.Popen:
+    """Run `command` (with `env`, if given, in `cwd`) and wait for `url`/health. Its output goes to a file
     (`process.log_path`): an unread pipe fills up and then blocks the server mid-run."""
     log = tempfile.NamedTemporaryFile("w+", prefix="server-", suffix=".log", delete=False)
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    process = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     process.log_path = Path(log.name)
     deadline = time.time() + timeout_s
     while time.time() < deadline:

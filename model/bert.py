@@ -68,8 +68,8 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        # One module computing (query | key | value) at once, set by `model.quantize` so that the three
-        # int8 products share one quantization of x; None: the three Linears above.
+        # One module computing (query | key | value) at once, set at serving time (`model.fuse`; in int8 by
+        # `kernels.quantize`, so that the three products share one quantization of x); None: the three Linears above.
         self.fused_qkv: nn.Module | None = None
         self.dropout_prob = config.attention_probs_dropout_prob
 

@@ -123,8 +123,9 @@ def test_dockerfile_essentials_and_locks():
     lines = [line.strip() for line in DOCKERFILE.splitlines() if line.strip() and not line.startswith("#")]
     stages = [line for line in lines if line.startswith("FROM ")]
     assert all(re.fullmatch(r"FROM python:3\.11\.\d+-slim-bookworm( AS \w+)?", line) for line in stages)  # pinned
-    # the C kernels are built in a stage with a compiler, by model/native.py, and the image looks for them there
-    assert stages[0].endswith(" AS kernels") and "python -S /build/native.py" in DOCKERFILE
+    # the C kernels are built in a stage with a compiler, by kernels/build.py, and the image looks for them there
+    assert stages[0].endswith(" AS kernels") and "python -S -m kernels.build" in DOCKERFILE
+    assert "COPY kernels/ kernels/" in lines  # the package that loads them
     assert "COPY --from=kernels /opt/kernels/ /opt/kernels/" in lines and "BERT_KERNEL_DIR=/opt/kernels \\" in lines
     assert "ARG VARIANT=cuda" in lines
     install = next(i for i, line in enumerate(lines) if "pip install" in line)

@@ -33,7 +33,7 @@ def single_machine(settings: JobSettings) -> Timed:
     from corpus.embedder import Embedder
     from corpus.inputs import resolve_inputs
     from corpus.local_job import Pipeline
-    from corpus.output import open_output
+    from corpus.open_output import open_output
     from corpus.plan import make_plan
     from corpus.progress import Progress
 

@@ -17,17 +17,37 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from service.engine.threads import lower_thread_priority, name_os_thread
-
-if TYPE_CHECKING:
-    from service.engine.batcher import Batcher
-    from service.engine.tickets import LaunchedBatch
+from service.engine.tickets import LaunchedBatch
 
 # With a batch in flight on the device, how long the runner waits for a preparer's next batch before it reads the
 # one in flight instead: long enough for a collation (tens to hundreds of us), short next to a batch on the device.
 AHEAD_WAIT_S = 0.002
+
+
+class Batcher(Protocol):
+    """What the runners ask of a model's queue (service.engine.batcher.Batcher), under the device's lock but for
+    the computing calls, which run on a runner's thread without it."""
+
+    engine: Any
+    clock: float  # the fair share's virtual time
+    prepared: Any  # (entries, batch) ready to run, or None
+    preparer_finished: bool
+    running: int
+    progress_at: float
+
+    def has_work(self) -> bool: ...
+    def runner_may_pick(self) -> bool: ...
+    def preparing_soon(self) -> bool: ...
+    def take_prepared(self) -> tuple: ...
+    def pick_for_runner(self) -> list: ...
+    def wake_preparer(self) -> None: ...
+    def collate_own(self, chosen: list) -> Any: ...
+    def run_batch(self, chosen: list, batch: Any) -> None: ...
+    def launch(self, chosen: list, batch: Any) -> LaunchedBatch | None: ...
+    def finish(self, on_device: LaunchedBatch) -> None: ...
 
 
 class DeviceRunners:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
 from model.attention import runs_varlen
 from model.checkpoint import Checkpoint, load_checkpoint
 from model.cpu_cores import usable_cores
@@ -140,6 +141,7 @@ def start_engine(options: EngineOptions, metrics: ModelMetrics | None = None, en
     Raises StartupError (an option that cannot work here), CheckpointError or CheckpointSourceError, each with a
     message to show as it is."""
     started = time.perf_counter()
+    kernels.install()  # the CPU attention kernel, before any engine runs (the bfloat16 probe's too)
     try:
         device = pick_device(options.device)
         precision = choose(options.dtype, device)

@@ -1,5 +1,5 @@
 /* Attention over packed sequences on a CPU, each sequence attending to itself alone, for the short sequences of
- * queries. Built and loaded by model/attention_kernel.py, which checks it against torch's scaled_dot_product_attention
+ * queries. Built and loaded by kernels/attention.py, which checks it against torch's scaled_dot_product_attention
  * before use.
  *
  * Why: torch's CPU attention (the flash kernel behind F.scaled_dot_product_attention) costs about 80 us a layer for
@@ -106,7 +106,7 @@ static void attention_share(const float *qkv, const int64_t *starts, const int64
 }
 
 /* Attention of every head of `count` packed sequences, each attending to itself alone, on up to `threads` threads
- * (OpenMP's: torch's own pool, as in int8_vnni.c). Layout: qkv (tokens, 3 * hidden) float32 rows, query | key |
+ * (OpenMP's: torch's own pool, as in int8_products.c). Layout: qkv (tokens, 3 * hidden) float32 rows, query | key |
  * value, each heads x head_dim; out (tokens, hidden). `scratch` holds `scratch_floats` = (head_dim + 1) x (the
  * longest length rounded up to 16) floats for each thread. */
 void attend_packed(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count, int64_t heads,

@@ -1,16 +1,16 @@
 /* The int8 x int8 -> int32 matrix product of an int8 Linear layer, for x86-64 CPUs with AVX512-VNNI, tuned for the
- * few rows of a search query (one sentence: 10-60 tokens). Built and loaded by model/int8_vnni.py, which checks
+ * few rows of a search query (one sentence: 10-60 tokens). Built and loaded by kernels/int8_products.py, which checks
  * every result shape against torch._int_mm before use; the products are exact integers, equal to _int_mm's bit for
  * bit, so switching between the two changes no result.
  *
  * Why: at the row counts of one query, torch._int_mm spends far more than the multiply-adds need (it also pads
  * its input to 17 rows). At 34 rows all-MiniLM-L6-v2's 24 products took 1.02 ms with it against 0.77 ms here, on
  * one core, and 0.91 against 0.46 on two (BENCHMARKS.md, "One query at a time on a CPU"); at 2048 rows the two are
- * within 5%. The weights here are packed once, when the layer is built.
+ * within 5%. The weights are laid out in blocks once, when the layer is built.
  *
  * How: VPDPBUSD multiplies 4 unsigned bytes by 4 signed bytes and adds the 4 products to an int32 lane. The
  * activations are signed, so each byte is fed as a + 128 (an XOR with 0x80) and 128 * (column sum of the
- * weights) is subtracted at the end: (a + 128) . w - 128 * sum(w) = a . w, exactly. The weights are packed in
+ * weights) is subtracted at the end: (a + 128) . w - 128 * sum(w) = a . w, exactly. The weights are laid out in
  * blocks of 64 output columns, and within a block as [k / 4][64 columns][4 consecutive k]: one 64-byte load
  * holds 16 columns' next 4 weights, the shape VPDPBUSD takes. A block (64 columns x K) is 24 KiB at K = 384 and
  * stays in L1 while up to 6 input rows at a time run over it: 6 x 4 accumulators, 4 weight registers and one
@@ -24,18 +24,18 @@
 #define BLOCK_COLUMNS 64
 #define ROW_TILE 6
 
-/* Bytes `pack_weights` writes for a (k, n) matrix; k must be a multiple of 4. */
-int64_t packed_size(int64_t k, int64_t n) {
+/* Bytes `block_weights` writes for a (k, n) matrix; k must be a multiple of 4. */
+int64_t blocked_size(int64_t k, int64_t n) {
     return (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS * BLOCK_COLUMNS * k;
 }
 
-/* w (k, n) int8, row-major -> `packed` (packed_size bytes, columns past n zero) and
+/* w (k, n) int8, row-major -> `blocked` (blocked_size bytes, columns past n zero) and
  * `correction`[n] = 128 * (sum of column n), what the unsigned inputs add. */
-void pack_weights(const int8_t *w, int64_t k, int64_t n, int8_t *packed, int32_t *correction) {
-    memset(packed, 0, (size_t)packed_size(k, n));
+void block_weights(const int8_t *w, int64_t k, int64_t n, int8_t *blocked, int32_t *correction) {
+    memset(blocked, 0, (size_t)blocked_size(k, n));
     for (int64_t col = 0; col < n; col++) {
         int32_t sum = 0;
-        int8_t *block = packed + col / BLOCK_COLUMNS * BLOCK_COLUMNS * k;
+        int8_t *block = blocked + col / BLOCK_COLUMNS * BLOCK_COLUMNS * k;
         int64_t lane = col % BLOCK_COLUMNS;
         for (int64_t row = 0; row < k; row++) {
             int8_t v = w[row * n + col];
@@ -46,7 +46,7 @@ void pack_weights(const int8_t *w, int64_t k, int64_t n, int8_t *packed, int32_t
     }
 }
 
-/* ROWS input rows times one block of packed weights, for each ROWS in 1..6, into c (ldc apart) less the correction.
+/* ROWS input rows times one block of the weights, for each ROWS in 1..6, into c (ldc apart) less the correction.
  * A macro, not one function taking the row count: the ROWS x 4 accumulators must be an array of exactly that size,
  * every loop over it unrolled, for the compiler to keep all of them in registers. Small changes to this shape
  * (the driver's pointer arithmetic included) made gcc 12 keep some in memory, 1.1-1.3x slower: check
@@ -89,13 +89,13 @@ void pack_weights(const int8_t *w, int64_t k, int64_t n, int8_t *packed, int32_t
     }
 ROWS_TIMES_BLOCK(1) ROWS_TIMES_BLOCK(2) ROWS_TIMES_BLOCK(3) ROWS_TIMES_BLOCK(4) ROWS_TIMES_BLOCK(5) ROWS_TIMES_BLOCK(6)
 
-/* Rows first_row .. last_row - 1 of c = a times blocks first_block .. last_block - 1 of the packed weights. */
-static void rows_times_blocks(const int8_t *a, int64_t first_row, int64_t last_row, int64_t k, const int8_t *packed,
+/* Rows first_row .. last_row - 1 of c = a times blocks first_block .. last_block - 1 of the blocked weights. */
+static void rows_times_blocks(const int8_t *a, int64_t first_row, int64_t last_row, int64_t k, const int8_t *blocked,
                               const int32_t *correction, int64_t n, int32_t *c, int64_t first_block,
                               int64_t last_block) {
     int64_t steps = k / 4;
     for (int64_t b = first_block; b < last_block; b++) {
-        const int8_t *block = packed + b * steps * 4 * BLOCK_COLUMNS;
+        const int8_t *block = blocked + b * steps * 4 * BLOCK_COLUMNS;
         int64_t columns = n - b * BLOCK_COLUMNS;
         if (columns > BLOCK_COLUMNS) columns = BLOCK_COLUMNS;
         int32_t *cb = c + b * BLOCK_COLUMNS;
@@ -115,40 +115,40 @@ static void rows_times_blocks(const int8_t *a, int64_t first_row, int64_t last_r
     }
 }
 
-/* Thread `me` of `team`'s share of c (m, n) int32 = a (m, k) int8 times the packed (k, n) weights: a run of whole
+/* Thread `me` of `team`'s share of c (m, n) int32 = a (m, k) int8 times the blocked (k, n) weights: a run of whole
  * 64-column blocks and every row, so each block is read by one thread; only when the team outnumbers the blocks is
  * each block's rows also split, in whole row tiles. */
-static void products_share(const int8_t *a, int64_t m, int64_t k, const int8_t *packed, const int32_t *correction,
+static void products_share(const int8_t *a, int64_t m, int64_t k, const int8_t *blocked, const int32_t *correction,
                            int64_t n, int32_t *c, int64_t me, int64_t team) {
     if (m <= 0) return;
     const int64_t blocks = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS, tiles = (m + ROW_TILE - 1) / ROW_TILE;
     int64_t row_parts = team > blocks ? (team + blocks - 1) / blocks : 1;
     if (row_parts > tiles) row_parts = tiles;
     if (row_parts == 1) {
-        rows_times_blocks(a, 0, m, k, packed, correction, n, c, blocks * me / team, blocks * (me + 1) / team);
+        rows_times_blocks(a, 0, m, k, blocked, correction, n, c, blocks * me / team, blocks * (me + 1) / team);
         return;
     }
     const int64_t parts = blocks * row_parts;
     for (int64_t part = parts * me / team; part < parts * (me + 1) / team; part++) {
         const int64_t b = part / row_parts, slice = part % row_parts;
         const int64_t first = tiles * slice / row_parts * ROW_TILE, last = tiles * (slice + 1) / row_parts * ROW_TILE;
-        rows_times_blocks(a, first, last < m ? last : m, k, packed, correction, n, c, b, b + 1);
+        rows_times_blocks(a, first, last < m ? last : m, k, blocked, correction, n, c, b, b + 1);
     }
 }
 
-/* c (m, n) int32 = a (m, k) int8, row-major, times the packed (k, n) weights, on up to `threads` threads.
+/* c (m, n) int32 = a (m, k) int8, row-major, times the blocked (k, n) weights, on up to `threads` threads.
  *
  * The threads are OpenMP's, and this library shares torch's OpenMP runtime: torch loads its libgomp.so.1 into the
  * process's global namespace, so this library's libgomp.so.1 resolves to that copy, and the threads that run
  * torch's own parallel loops run these too (two pools on the same cores would spin against each other). */
-void matmul_packed(const int8_t *a, int64_t m, int64_t k, const int8_t *packed, const int32_t *correction,
+void matmul_blocked(const int8_t *a, int64_t m, int64_t k, const int8_t *blocked, const int32_t *correction,
                    int64_t n, int32_t *c, int64_t threads) {
     const int64_t most = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS * ((m + ROW_TILE - 1) / ROW_TILE);
     if (threads > most) threads = most;
     if (threads <= 1) {
-        products_share(a, m, k, packed, correction, n, c, 0, 1);
+        products_share(a, m, k, blocked, correction, n, c, 0, 1);
         return;
     }
 #pragma omp parallel num_threads(threads)
-    products_share(a, m, k, packed, correction, n, c, omp_get_thread_num(), omp_get_num_threads());
+    products_share(a, m, k, blocked, correction, n, c, omp_get_thread_num(), omp_get_num_threads());
 }

@@ -1,8 +1,8 @@
 /* One whole int8 encoder layer of BERT (post-LN) in one call, over packed sequences, on x86-64 CPUs with
- * AVX512-VNNI. Built and loaded by model/int8_layer.py, which checks it against the layer's own modules before use.
+ * AVX512-VNNI. Built and loaded by kernels/int8_layer.py, which checks it against the layer's own modules before use.
  *
  * Why: at one sentence a batch, a layer's arithmetic on all-MiniLM-L6-v2 is about 0.2 ms on one core, and the
- * modules around it (module calls, tensor allocations, seven numba calls and five C calls a layer) cost as much
+ * modules around it (module calls, tensor allocations, seven row-step calls and five C calls a layer) cost as much
  * again, all of it on one thread. Here the layer is one call, and one team of threads runs every step of it:
  *
  *   quantize x per row (smoothed)    -> int8 products with (query | key | value) -> dequantize, plus bias
@@ -11,23 +11,24 @@
  *                                    -> products -> dequantize + bias + residual h, LayerNorm -> out
  *
  * Row-wise steps split the rows between the threads, products their column blocks, attention its (sequence, head)
- * pairs; a barrier separates the steps. Every step but attention runs over chunks of CHUNK_ROWS rows. Every step
- * computes what model/int8_kernels.py's numba kernels compute, in the same formulas: rounding half away from zero,
- * GELU by erf (Abramowitz & Stegun 7.1.28), LayerNorm's mean and variance summed in double precision. The sums run
- * in another order, so results agree to float rounding, and a value that lands within rounding of a quantization
- * step may take the neighbouring one.
+ * pairs; a barrier separates the steps. Every step but attention runs over chunks of CHUNK_ROWS rows. Every row-wise
+ * step is kernels/int8_reference.py's formula, operation for operation (built with -ffp-contract=off, so no
+ * multiply-add is fused into one rounding): rounding half away from zero, GELU by erf (Abramowitz & Stegun 7.1.28),
+ * LayerNorm's mean and variance summed in double precision in eight interleaved partial sums. Its bits equal the
+ * reference's, and the numba kernels' (kernels/int8_numba.py); attention is attention.c's.
  *
- * The threads are OpenMP's, shared with torch (see int8_vnni.c).
+ * The threads are OpenMP's, shared with torch (see int8_products.c).
  */
-#include "int8_vnni.c"
-#include "attention_cpu.c"
+#include "int8_products.c"
+#include "attention.c"
 
 #include <math.h>
 
-/* An int8 Linear layer: packed weights (int8_vnni.c), per-output-column scales and bias, and the per-input-channel
- * factor its input is multiplied by before quantization (SmoothQuant's 1 / s; ones without smoothing). */
+/* An int8 Linear layer: blocked weights (int8_products.c), per-output-column scales and bias, and the
+ * per-input-channel factor its input is multiplied by before quantization (SmoothQuant's 1 / s; ones without
+ * smoothing). */
 typedef struct {
-    const int8_t *packed;
+    const int8_t *blocked;
     const int32_t *correction;
     const float *input_scale, *weight_scale, *bias;
     int64_t in_features, out_features;
@@ -198,7 +199,7 @@ void int8_layer(const Int8Layer *layer, const float *x, int64_t rows, const int6
     int64_t size;
     const Buffers b = carve(layer, rows, longest, threads, workspace, &size);
     const int64_t hidden = layer->heads * layer->head_dim, inner = layer->expand.out_features;
-    const float scale = (float)(1.0 / sqrt((double)layer->head_dim));  /* as model/attention_kernel.py passes it */
+    const float scale = (float)(1.0 / sqrt((double)layer->head_dim));  /* as kernels/attention.py passes it */
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         const int64_t me = omp_get_thread_num(), team = omp_get_num_threads();
@@ -211,7 +212,7 @@ void int8_layer(const Int8Layer *layer, const float *x, int64_t rows, const int6
             quantize_rows(x + start * hidden, first, last, layer->qkv.input_scale, hidden, mine, b.quantized,
                           b.row_scale);
 #pragma omp barrier
-            products_share(b.quantized, n, hidden, layer->qkv.packed, layer->qkv.correction, 3 * hidden, b.products,
+            products_share(b.quantized, n, hidden, layer->qkv.blocked, layer->qkv.correction, 3 * hidden, b.products,
                            me, team);
 #pragma omp barrier
             dequantize_rows(b.products, first, last, b.row_scale, &layer->qkv, b.qkv + start * 3 * hidden);
@@ -226,20 +227,20 @@ void int8_layer(const Int8Layer *layer, const float *x, int64_t rows, const int6
             quantize_rows(b.attended + start * hidden, first, last, layer->attention_output.input_scale, hidden,
                           mine, b.quantized, b.row_scale);
 #pragma omp barrier
-            products_share(b.quantized, n, hidden, layer->attention_output.packed,
+            products_share(b.quantized, n, hidden, layer->attention_output.blocked,
                            layer->attention_output.correction, hidden, b.products, me, team);
 #pragma omp barrier
             residual_norm_rows(b.products, first, last, b.row_scale, &layer->attention_output, x + start * hidden,
                                layer->norm1_weight, layer->norm1_bias, layer->norm1_eps, b.middle);
             quantize_rows(b.middle, first, last, layer->expand.input_scale, hidden, mine, b.quantized, b.row_scale);
 #pragma omp barrier
-            products_share(b.quantized, n, hidden, layer->expand.packed, layer->expand.correction, inner,
+            products_share(b.quantized, n, hidden, layer->expand.blocked, layer->expand.correction, inner,
                            b.products, me, team);
 #pragma omp barrier
             gelu_quantize_rows(b.products, first, last, b.row_scale, &layer->expand, layer->contract.input_scale,
                                mine, b.quantized);
 #pragma omp barrier
-            products_share(b.quantized, n, inner, layer->contract.packed, layer->contract.correction, hidden,
+            products_share(b.quantized, n, inner, layer->contract.blocked, layer->contract.correction, hidden,
                            b.products, me, team);
 #pragma omp barrier
             residual_norm_rows(b.products, first, last, b.row_scale, &layer->contract, b.middle,
