@@ -1,8 +1,8 @@
 """Each item's own head over its batch's hidden states, in two halves so that the host never waits mid-batch.
 
 `launch_heads` queues the device work (pooling, the MLM head at [MASK] positions only, pooler + NSP or
-classifier on [CLS], SPLADE weights) and the copies of what the items asked for to the host, and returns
-*collectors*; once the batch's device work has finished (the engine waits on one event), each collector
+classifier on [CLS], SPLADE weights, a ColBERT's token vectors: service.engine.colbert_head) and the copies of
+what the items asked for to the host, and returns *collectors*; once the batch's device work has finished (the engine waits on one event), each collector
 turns its host arrays into the items' results. On a GPU the copies land in page-locked memory and the index
 tensors go up without a stream sync, so the engine can launch the next batch before it collects this one.
 On a CPU everything has happened by the time `launch_heads` returns.
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
 from model.packing import Packing
+from service.engine import colbert_head
 from service.tasks import (
     ClassifyItem,
     ClassLogits,
@@ -64,7 +65,8 @@ def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.T
                   _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits),
                   _sparse(model, items, hidden, starts), _per_token(items, hidden, starts, TokenClassifyItem,
                                                                     model.classifier, TokenLogits),
-                  _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits)]
+                  _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits),
+                  colbert_head.launch_colbert(model, items, hidden, starts)]
     return [collect for collect in found if collect is not None]
 
 

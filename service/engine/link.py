@@ -12,6 +12,7 @@ from pathlib import Path
 
 from service.engine.batcher import Batcher, Ticket
 from service.engine.loader import LoadedEngine, load_engine
+from service.engine.long_inputs import folder
 from service.errors import ServiceError
 from service.messages import Heartbeat, ModelFacts
 from service.metrics import Metrics
@@ -52,7 +53,7 @@ def _settle(tickets: list[Ticket]) -> None:
 
 def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float) -> LocalPending:
     """Queue a request's items; when one of them fails, the rest of the request is not computed."""
-    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future())
+    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future(), finish=folder(items))
     batcher.submit(items, ticket)
     return LocalPending(ticket.tag, ticket, batcher)
 

@@ -25,6 +25,7 @@ import zmq
 
 from service.engine.batcher import Ticket
 from service.engine.loader import LoadedEngine, load_engine
+from service.engine.long_inputs import folder
 from service.errors import ServiceError
 from service.launch import die_with_parent, read_launch_record
 from service.memory import freeze_loaded_objects
@@ -165,7 +166,7 @@ class EngineServer:
                 "unavailable", reason.get(self.status.state, "the engine is not ready"), retry_after_s=1))
             return
         key = (identity, message.request_id)
-        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key)
+        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key, finish=folder(message.items))
         self.requests[key] = ticket
         try:
             self.loaded.batcher.submit(message.items, ticket)
