@@ -5,6 +5,7 @@ sentence-transformers versions wrote a Dense module's weights as `pytorch_model.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -68,8 +69,9 @@ def _dense_tensors(directory: Path) -> dict[str, torch.Tensor]:
             if not isinstance(loaded, dict) or not all(isinstance(t, torch.Tensor) for t in loaded.values()):
                 raise CheckpointError(f"{pickled}: expected a dictionary of tensors")
             return loaded
-    except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as exc:
-        raise CheckpointError(f"{directory}: the projection's weights cannot be read ({exc})") from None
+    except (SafetensorError, OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{directory}: the projection's weights cannot be read ({first_line})") from None
     raise CheckpointError(f"{directory}: no model.safetensors or {PICKLED_WEIGHTS} (the projection's weights)")
 
 
