@@ -34,7 +34,8 @@ async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, door: Door
                            "accepted: they are ids of OpenAI's tokenizer (tiktoken), not this model's. LangChain's "
                            "OpenAIEmbeddings sends them by default: pass check_embedding_ctx_length=False to send "
                            "text", param="input")
-    prep = preparation(state.checkpoint.pooling, False)  # the checkpoint's default prompt, if it has one
+    # the checkpoint's default prompt, if it has one
+    prep = preparation(state.checkpoint.pooling, False, long_input=body.long_input)
     outputs = await door.encode(body.input, state.checkpoint.pooling.mode, True, prep, gone=client_gone(request),
                                 field="input", dimensions=body.dimensions, base64=body.encoding_format == "base64")
     data = []

@@ -19,8 +19,11 @@ from pathlib import Path
 from model.checkpoint_files import Checkpoint, load_checkpoint_files, with_labels
 from model.hub import ResolvedCheckpoint, resolve_checkpoint
 from service.errors import ServiceError
+from service.frontend.colbert import ColbertDoor
+from service.frontend.colbert_inputs import ColbertTokens
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.inputs import Limits
+from service.frontend.rerankers import Reranker, reranker_for
 from service.frontend.link import EngineLink
 from service.messages import ModelFacts
 from service.metrics import Metrics
@@ -94,6 +97,8 @@ class Runtime:
         self.checkpoint: Checkpoint | None = None  # without weights: those live with the engine
         self.facts: ModelFacts | None = None
         self.frontdoor: FrontDoor | None = None
+        self.colbert: ColbertDoor | None = None  # a ColBERT's token vectors and MaxSim scores
+        self.reranker: Reranker | None = None  # what every rerank route scores with
         self.source: ResolvedCheckpoint | None = None  # set when the checkpoint was resolved before the port was bound
         self.progress = ""  # a Hub download's files and bytes, while it runs
 
@@ -127,13 +132,19 @@ class Runtime:
             raise
         checkpoint = with_labels(await files, facts.num_labels or facts.num_token_labels)  # one classifier or none
         limits = Limits(s.max_inputs_per_request, s.max_input_chars, s.max_top_k, s.max_response_mb)
+        recipe = checkpoint.late_interaction  # a ColBERT's markers, lengths, skiplist and projection
         self.checkpoint, self.facts = checkpoint, facts
         self.frontdoor = FrontDoor(checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s,
                                    facts.has_mlm_head, facts.has_nsp_head, checkpoint.config.hidden_size,
                                    facts.num_labels,
                                    reads_pairs(checkpoint, s.classifier_pairs) and facts.num_labels > 0,
                                    deadline_grace_s=s.deadline_grace_s, num_token_labels=facts.num_token_labels,
-                                   has_qa_head=facts.has_qa_head)
+                                   has_qa_head=facts.has_qa_head,
+                                   late_interaction_dim=recipe.dim if recipe else 0,
+                                   long_input_overlap=s.long_input_overlap)
+        if recipe is not None:
+            self.colbert = ColbertDoor(self.frontdoor, ColbertTokens.of(checkpoint.tokenizer, recipe))
+        self.reranker = reranker_for(self.frontdoor, checkpoint.labels, self.colbert)
         self.lifecycle.ready()
         log.info("serving %s on %s (%s), ready in %.1f s", self.model_name, facts.device, facts.dtype,
                  time.perf_counter() - started)
@@ -178,7 +189,11 @@ class Runtime:
             "heads": {"mlm": bool(facts and facts.has_mlm_head), "nsp": bool(facts and facts.has_nsp_head),
                       "classifier": bool(facts and facts.num_labels),
                       "token_classifier": bool(facts and facts.num_token_labels),
-                      "question_answering": bool(facts and facts.has_qa_head)},
+                      "question_answering": bool(facts and facts.has_qa_head),
+                      "late_interaction": bool(checkpoint and checkpoint.late_interaction)},
+            # a ColBERT's vectors: their width, the query and document lengths (null for any other model)
+            "late_interaction": checkpoint.late_interaction.describe()
+            if checkpoint and checkpoint.late_interaction else None,
             "device": facts.device if facts else None,
             "dtype": facts.dtype if facts else None,
             "max_input_tokens": checkpoint.tokenizer.model_max_length if checkpoint else None,
