@@ -1,0 +1,89 @@
+"""Builds ColBERT checkpoints with PyLate and colbert-ai, and encodes and scores with them: the references of
+tests/test_colbert_reference.py and bench/rerank. Runs in their own environment (.venv-colbert-reference,
+requirements/colbert-reference.txt), which cannot share one with the service's.
+
+    python tests/colbert_reference/drive.py < {"command": ..., ...}
+
+prints one JSON object. Commands:
+- build_pylate {base, output, settings}: PyLate's ColBERT on the encoder in `base` (a Hugging Face directory), its
+  projection made by PyLate (`embedding_size`, `bias`) and its settings (`query_length`, ...), saved with
+  `ColBERT.save`;
+- build_colbert_ai {base, output, settings}: colbert-ai's ColBERT on `base` with a ColBERTConfig of `settings`,
+  saved with its own `save` (HF_ColBERT weights, artifact.metadata);
+- encode {checkpoint, library, queries, documents}: each query's and each document's vectors as the library's own
+  encoder gives them (PyLate's `encode`, colbert-ai's `queryFromText` / `docFromText`), and the MaxSim score of every
+  document for every query (PyLate's `rank.rerank`, colbert-ai's `colbert_score`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def build_pylate(base: str, output: str, settings: dict) -> dict:
+    import torch
+    from pylate import models
+
+    torch.manual_seed(settings.pop("seed", 0))
+    model = models.ColBERT(base, device="cpu", **settings)
+    model.save(output)
+    return {"saved": output}
+
+
+def build_colbert_ai(base: str, output: str, settings: dict) -> dict:
+    import torch
+    from colbert.infra import ColBERTConfig
+    from colbert.modeling.colbert import ColBERT
+
+    torch.manual_seed(settings.pop("seed", 0))
+    model = ColBERT(name=base, colbert_config=ColBERTConfig(**settings))
+    model.save(output)
+    return {"saved": output}
+
+
+def encode(checkpoint: str, library: str, queries: list[str], documents: list[str]) -> dict:
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    if library == "pylate":
+        from pylate import models, rank
+
+        model = models.ColBERT(checkpoint, device="cpu")
+        q = model.encode(queries, is_query=True, show_progress_bar=False)
+        d = model.encode(documents, is_query=False, show_progress_bar=False)
+        ranked = rank.rerank(documents_ids=[list(range(len(documents)))] * len(queries), queries_embeddings=q,
+                             documents_embeddings=[d] * len(queries))
+        scores = [[0.0] * len(documents) for _ in queries]
+        for row, found in enumerate(ranked):
+            for entry in found:
+                scores[row][entry["id"]] = float(entry["score"])
+        return {"queries": [v.tolist() for v in q], "documents": [v.tolist() for v in d], "scores": scores}
+    from colbert.infra import ColBERTConfig
+    from colbert.modeling.checkpoint import Checkpoint
+    from colbert.modeling.colbert import colbert_score
+
+    ckpt = Checkpoint(checkpoint, colbert_config=ColBERTConfig(), verbose=0)
+    q = ckpt.queryFromText(queries).float()  # (Q, query_maxlen, dim)
+    d = ckpt.docFromText(documents, keep_dims=False)  # [(kept, dim)]
+    d = [x.float() for x in d]
+    padded = torch.nn.utils.rnn.pad_sequence(d, batch_first=True)
+    mask = torch.nn.utils.rnn.pad_sequence([torch.ones(len(x), dtype=torch.bool) for x in d], batch_first=True)
+    scores = [colbert_score(q[i : i + 1].expand(len(d), -1, -1), padded, mask.unsqueeze(-1),
+                            ckpt.colbert_config).tolist() for i in range(len(queries))]
+    return {"queries": [v.tolist() for v in q], "documents": [v.tolist() for v in d], "scores": scores}
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    command = request.pop("command")
+    found = {"build_pylate": build_pylate, "build_colbert_ai": build_colbert_ai, "encode": encode}[command](**request)
+    import pylate
+    import transformers
+
+    found["versions"] = {"pylate": pylate.__version__, "transformers": transformers.__version__}
+    print(json.dumps(found))
+
+
+if __name__ == "__main__":
+    main()
