@@ -1,7 +1,9 @@
 """The clients people already have, unchanged, against the server as `make serve` runs it (the bundled model)
 and against a served cross-encoder: huggingface_hub's InferenceClient (sync and async, 2.x here and 1.x in the
 clients' environment), LangChain's OpenAI and Hugging Face embeddings, LlamaIndex's TEI and OpenAI-like
-embeddings. Vectors and scores are compared with transformers' on the same checkpoint (1e-4, float32)."""
+embeddings; the Cohere SDK's rerank and LangChain's Cohere reranker against a cross-encoder and a ColBERT.
+Vectors and scores are compared with transformers' on the same checkpoint (1e-4, float32), rerank scores with
+/rerank's."""
 
 from __future__ import annotations
 
@@ -255,3 +257,34 @@ def test_inference_client_token_classification_and_question_answering(task_heads
     assert len(answers["top"]) == 2 and (first["answer"], first["start"], first["end"]) == \
         (best["answer"], best["start"], best["end"])
     assert abs(first["score"] - best["score"]) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def colbert(tiny_colbert):
+    """A served ColBERT with two front-end processes, so its items and the Cohere answers cross the engine's wire."""
+    process, url = start_service(tiny_colbert, "--api-key", KEY, "--workers", "2")
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+@pytest.mark.parametrize("server", ["cross_encoder", "colbert"])
+def test_cohere_sdk_and_langchain_cohere_rerank_read_the_scores_of_rerank(server, request):
+    import httpx
+
+    url = request.getfixturevalue(server)
+    from tests.clients.drive import QUERY
+
+    want = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": TEXTS},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60).json()
+    answers = drive(url, "cohere_rerank", "langchain_cohere_rerank")
+    rerank = answers["cohere_rerank"]
+    assert rerank["version"].startswith("5.")
+    assert [(r["index"], r["text"]) for r in rerank["v1"]] == [(w["index"], TEXTS[w["index"]]) for w in want[:2]]
+    np.testing.assert_allclose([r["score"] for r in rerank["v1"]], [w["score"] for w in want[:2]], atol=1e-4)
+    assert [r["index"] for r in rerank["v2"]] == [w["index"] for w in want]
+    np.testing.assert_allclose([r["score"] for r in rerank["v2"]], [w["score"] for w in want], atol=1e-4)
+    assert rerank["refused"]["status"] == 400 and "top_n" in rerank["refused"]["body"]["message"]
+    kept = answers["langchain_cohere_rerank"]["documents"]
+    assert [d["text"] for d in kept] == [TEXTS[w["index"]] for w in want[:2]]
+    np.testing.assert_allclose([d["score"] for d in kept], [w["score"] for w in want[:2]], atol=1e-4)

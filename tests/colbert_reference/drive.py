@@ -2,9 +2,9 @@
 tests/test_colbert_reference.py and bench/rerank. Runs in their own environment (.venv-colbert-reference,
 requirements/colbert-reference.txt), which cannot share one with the service's.
 
-    python tests/colbert_reference/drive.py < {"command": ..., ...}
+    python tests/colbert_reference/drive.py < {"commands": [{"command": ..., ...}, ...]}
 
-prints one JSON object. Commands:
+prints one JSON object: {"results": [one per command, in order], "versions": {...}}. Commands:
 - build_pylate {base, output, settings}: PyLate's ColBERT on the encoder in `base` (a Hugging Face directory), its
   projection made by PyLate (`embedding_size`, `bias`) and its settings (`query_length`, ...), saved with
   `ColBERT.save`;
@@ -12,13 +12,16 @@ prints one JSON object. Commands:
   saved with its own `save` (HF_ColBERT weights, artifact.metadata);
 - encode {checkpoint, library, queries, documents}: each query's and each document's vectors as the library's own
   encoder gives them (PyLate's `encode`, colbert-ai's `queryFromText` / `docFromText`), and the MaxSim score of every
-  document for every query (PyLate's `rank.rerank`, colbert-ai's `colbert_score`).
+  document for every query (`scores`: PyLate's `colbert_scores` of each document alone, colbert-ai's `colbert_score`
+  of the padded, masked batch; and PyLate's `rank.rerank` as `rank_scores`).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+
+import numpy as np
 
 
 def build_pylate(base: str, output: str, settings: dict) -> dict:
@@ -48,17 +51,24 @@ def encode(checkpoint: str, library: str, queries: list[str], documents: list[st
     torch.set_num_threads(max(1, torch.get_num_threads()))
     if library == "pylate":
         from pylate import models, rank
+        from pylate.scores import colbert_scores
 
         model = models.ColBERT(checkpoint, device="cpu")
         q = model.encode(queries, is_query=True, show_progress_bar=False)
         d = model.encode(documents, is_query=False, show_progress_bar=False)
+        # Each document scored alone: padded beside longer ones, PyLate's scores (rank.rerank, and colbert_scores even
+        # with documents_mask, which multiplies by it) count a query vector whose best similarity in the document is
+        # negative as 0, so a document's score would depend on its neighbours; rank.rerank's are kept to show that.
+        queries_tensor = torch.from_numpy(np.stack(q))
+        scores = torch.stack([colbert_scores(queries_tensor, torch.from_numpy(x)[None])[:, 0] for x in d], 1).tolist()
         ranked = rank.rerank(documents_ids=[list(range(len(documents)))] * len(queries), queries_embeddings=q,
                              documents_embeddings=[d] * len(queries))
-        scores = [[0.0] * len(documents) for _ in queries]
+        rank_scores = [[0.0] * len(documents) for _ in queries]
         for row, found in enumerate(ranked):
             for entry in found:
-                scores[row][entry["id"]] = float(entry["score"])
-        return {"queries": [v.tolist() for v in q], "documents": [v.tolist() for v in d], "scores": scores}
+                rank_scores[row][entry["id"]] = float(entry["score"])
+        return {"queries": [v.tolist() for v in q], "documents": [v.tolist() for v in d], "scores": scores,
+                "rank_scores": rank_scores}
     from colbert.infra import ColBERTConfig
     from colbert.modeling.checkpoint import Checkpoint
     from colbert.modeling.colbert import colbert_score
@@ -74,15 +84,18 @@ def encode(checkpoint: str, library: str, queries: list[str], documents: list[st
     return {"queries": [v.tolist() for v in q], "documents": [v.tolist() for v in d], "scores": scores}
 
 
-def main() -> None:
-    request = json.load(sys.stdin)
-    command = request.pop("command")
-    found = {"build_pylate": build_pylate, "build_colbert_ai": build_colbert_ai, "encode": encode}[command](**request)
-    import pylate
-    import transformers
+COMMANDS = {"build_pylate": build_pylate, "build_colbert_ai": build_colbert_ai, "encode": encode}
 
-    found["versions"] = {"pylate": pylate.__version__, "transformers": transformers.__version__}
-    print(json.dumps(found))
+
+def main() -> None:
+    results = []
+    for command in json.load(sys.stdin)["commands"]:
+        command = dict(command)
+        results.append(COMMANDS[command.pop("command")](**command))
+    from importlib.metadata import version
+
+    versions = {name: version(name) for name in ("pylate", "colbert-ai", "transformers", "torch")}
+    print(json.dumps({"results": results, "versions": versions}))
 
 
 if __name__ == "__main__":
