@@ -268,6 +268,30 @@ def colbert(tiny_colbert):
     process.wait(timeout=60)
 
 
+@pytest.mark.anyio
+async def test_long_inputs_and_colbert_vectors_cross_the_engine_process_as_they_compute_in_one(colbert, tiny_colbert):
+    """Windows folded in the engine process, a ColBERT's items and vectors over the wire: as with one process."""
+    import httpx
+
+    from tests.service.conftest import serving
+
+    text = " ".join(TEXTS * 8)  # longer than the model (128) and than a document (24): a few windows of each
+    bodies = [("/embed", {"inputs": [text, TEXTS[0]], "long_input": "chunk"}),
+              ("/token-vectors", {"inputs": [text, TEXTS[1]], "long_input": "chunk"}),
+              ("/token-vectors", {"inputs": TEXTS, "mode": "query"})]
+    with httpx.Client(base_url=colbert, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        remote = [client.post(route, json=body).json() for route, body in bodies]
+    async with serving(tiny_colbert) as client:
+        local = [(await client.post(route, json=body)).json() for route, body in bodies]
+    np.testing.assert_allclose(remote[0], local[0], atol=1e-5)
+    assert len(remote[0]) == 2
+    assert len(remote[1]["results"][0]["tokens"]) > 2 * 24  # several windows' vectors
+    for mine, theirs in zip(remote[1:], local[1:]):
+        for a, b in zip(mine["results"], theirs["results"]):
+            assert a["tokens"] == b["tokens"]
+            np.testing.assert_allclose(a["vectors"], b["vectors"], atol=1e-5)
+
+
 @pytest.mark.parametrize("server", ["cross_encoder", "colbert"])
 def test_cohere_sdk_and_langchain_cohere_rerank_read_the_scores_of_rerank(server, request):
     import httpx

@@ -96,7 +96,8 @@ class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
                  classifier_pairs: bool = False, deadline_grace_s: float = 2.0, num_token_labels: int = 0,
-                 has_qa_head: bool = False, late_interaction_dim: int = 0, long_input_overlap: int = 0):
+                 has_qa_head: bool = False, late_interaction_dim: int = 0, long_input_window: int = 0,
+                 long_input_overlap: int = 0):
         self.tokenizer = tokenizer
         self.engine = engine
         self.limits = limits
@@ -111,6 +112,7 @@ class FrontDoor:
         self.num_token_labels = num_token_labels  # outputs of a token-classification head (0: none)
         self.has_qa_head = has_qa_head  # an extractive question-answering head
         self.late_interaction_dim = late_interaction_dim  # a ColBERT projection's width (0: none)
+        self.long_input_window = long_input_window or tokenizer.model_max_length  # tokens of a chunked input's window
         self.long_input_overlap = long_input_overlap  # pieces shared by neighbouring windows of a chunked input
 
     def heads(self) -> str:
@@ -141,7 +143,8 @@ class FrontDoor:
         shortened = dimensions is not None and dimensions < self.width and pooling != "none"
         limits = limits or self.limits
         items, encoded = await self._tokenize(inputs, lambda: encode_items(
-            self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field, self.long_input_overlap))
+            self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field,
+            (self.long_input_window, self.long_input_overlap)))
         answer_size.check_vectors([len(e.ids) for e in encoded], dimensions if shortened else self.width,
                                   pooling != "none", base64, limits.max_response_mb)
         results = await self._compute(items, gone)

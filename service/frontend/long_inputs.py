@@ -1,22 +1,31 @@
 """Inputs longer than the model's window, for the pooled embedding routes that ask for it (`"long_input": "chunk"`):
-each such input becomes overlapping windows of the model's length, `[CLS] pieces [SEP]` each, sent as `WindowItem`s
-with every other input (one batcher, one token budget). The engine pools each window alone and folds the windows of
-one input into its vector before it answers (service.engine.long_inputs: mean weighted by tokens). Inputs that fit
-stay one `EncodeItem`. Windows start every `window - overlap` pieces (service.frontend.token_windows)."""
+each such input becomes overlapping windows, `[CLS] pieces [SEP]` each, sent as `WindowItem`s with every other input
+(one batcher, one token budget). The engine pools each window alone and folds the windows of one input into its vector
+before it answers (service.engine.long_inputs: mean weighted by tokens). Inputs that fit the model stay one
+`EncodeItem`. A window is as long as the model was meant to read at once (`window_length`), and windows start every
+`window - overlap` pieces (service.frontend.token_windows)."""
 
 from __future__ import annotations
 
+from model.pooling import PoolingRecipe
 from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
 from service.frontend.token_windows import window_overlap, window_starts
 from service.tasks import EncodeItem, Pooling, WindowItem
 
 
+def window_length(tokenizer: WordPieceTokenizer, recipe: PoolingRecipe) -> int:
+    """Tokens in one window: the length sentence-transformers embeds where the checkpoint names one (all-MiniLM-L6-v2:
+    256, though its positions reach 512: it was trained on shorter texts, and attention over 512 costs a fifth more a
+    token on a CPU), else the model's maximum."""
+    return min(tokenizer.model_max_length, recipe.max_seq_length or tokenizer.model_max_length)
+
+
 def windowed_items(tokenizer: WordPieceTokenizer, encoded: list[EncodedText], pooling: Pooling, normalize: bool,
-                   overlap: int, field: str) -> list[EncodeItem]:
-    """An item for each input that fits the window, its windows for each that does not."""
+                   window: int, overlap: int, field: str) -> list[EncodeItem]:
+    """An item for each input that fits the model, `window`-token windows for each that does not."""
     limit = tokenizer.model_max_length
-    room = limit - 2
+    room = window - 2
     items: list[EncodeItem] = []
     for source, e in enumerate(encoded):
         if len(e.ids) <= limit:

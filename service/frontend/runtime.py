@@ -23,6 +23,7 @@ from service.frontend.colbert import ColbertDoor
 from service.frontend.colbert_inputs import ColbertTokens
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.inputs import Limits
+from service.frontend.long_inputs import window_length
 from service.frontend.rerankers import Reranker, reranker_for
 from service.frontend.link import EngineLink
 from service.messages import ModelFacts
@@ -141,6 +142,7 @@ class Runtime:
                                    deadline_grace_s=s.deadline_grace_s, num_token_labels=facts.num_token_labels,
                                    has_qa_head=facts.has_qa_head,
                                    late_interaction_dim=recipe.dim if recipe else 0,
+                                   long_input_window=window_length(checkpoint.tokenizer, checkpoint.pooling),
                                    long_input_overlap=s.long_input_overlap)
         if recipe is not None:
             self.colbert = ColbertDoor(self.frontdoor, ColbertTokens.of(checkpoint.tokenizer, recipe))
@@ -208,6 +210,8 @@ class Runtime:
         body["limits"] = {k: v for k, v in self.settings.public().items() if k not in ("checkpoint", "host", "port")}
         body["limits"]["batch_tokens_in_force"] = facts.batch_tokens_in_force if facts else None
         body["limits"]["batch_size_in_force"] = facts.batch_size_in_force if facts else None
+        # tokens of each window of an input read with "long_input": "chunk" (service.frontend.long_inputs)
+        body["limits"]["long_input_window"] = self.frontdoor.long_input_window if self.frontdoor else None
         body["limits"]["cuda_graphs_in_force"] = facts.cuda_graphs if facts else None  # graphs live; 0: eager
         body["limits"]["cuda_graphs"] = {"live": facts.cuda_graphs_live, "eager": facts.cuda_graphs_eager} \
             if facts else None  # which graphs replay, and which fell back to eager at the start-up check (why)

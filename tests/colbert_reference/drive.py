@@ -13,7 +13,8 @@ prints one JSON object: {"results": [one per command, in order], "versions": {..
 - encode {checkpoint, library, queries, documents}: each query's and each document's vectors as the library's own
   encoder gives them (PyLate's `encode`, colbert-ai's `queryFromText` / `docFromText`), and the MaxSim score of every
   document for every query (`scores`: PyLate's `colbert_scores` of each document alone, colbert-ai's `colbert_score`
-  of the padded, masked batch; and PyLate's `rank.rerank` as `rank_scores`).
+  of the padded, masked batch; and PyLate's `rank.rerank` as `rank_scores`);
+- time_rerank {checkpoint, query, documents, repeats}: the seconds of each rerank in process (bench/rerank).
 """
 
 from __future__ import annotations
@@ -84,7 +85,27 @@ def encode(checkpoint: str, library: str, queries: list[str], documents: list[st
     return {"queries": [v.tolist() for v in q], "documents": [v.tolist() for v in d], "scores": scores}
 
 
-COMMANDS = {"build_pylate": build_pylate, "build_colbert_ai": build_colbert_ai, "encode": encode}
+def time_rerank(checkpoint: str, query: str, documents: list[str], repeats: int) -> dict:
+    """Seconds of each of `repeats` reranks in this process, after one to warm up: PyLate's default CPU path, the
+    query and the documents encoded (its default batch size), then rank.rerank."""
+    import time
+
+    import torch
+    from pylate import models, rank
+
+    model = models.ColBERT(checkpoint, device="cpu")
+    seconds = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        q = model.encode([query], is_query=True, show_progress_bar=False)
+        d = model.encode(documents, is_query=False, show_progress_bar=False)
+        rank.rerank(documents_ids=[list(range(len(documents)))], queries_embeddings=q, documents_embeddings=[d])
+        seconds.append(time.perf_counter() - started)
+    return {"seconds": seconds[1:], "threads": torch.get_num_threads()}
+
+
+COMMANDS = {"build_pylate": build_pylate, "build_colbert_ai": build_colbert_ai, "encode": encode,
+            "time_rerank": time_rerank}
 
 
 def main() -> None:

@@ -1,8 +1,11 @@
 """Inputs longer than the model's window on the pooled embedding routes: refused by default, and with
 `"long_input": "chunk"` embedded as the mean of their windows weighted by tokens, each window as it embeds alone; in
-the same request as short inputs, which answer as alone; bounded like any request; over the engine process's wire."""
+the same request as short inputs, which answer as alone; bounded like any request."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -39,14 +42,23 @@ def cosine(a, b) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-async def test_a_chunked_input_is_the_token_weighted_mean_of_its_windows(tiny_checkpoint):
-    tokenizer = load_checkpoint(tiny_checkpoint).tokenizer
-    window = tokenizer.model_max_length  # 128: the tiny model's positions
-    text = long_text(5 * window, tokenizer)
+@pytest.mark.parametrize("declared", [None, 48])
+async def test_a_chunked_input_is_the_token_weighted_mean_of_its_windows(tiny_checkpoint, tmp_path, declared):
+    """Windows of the model's length (128: the tiny model's positions), or of the length its sentence-transformers
+    config says it embeds."""
+    checkpoint = tiny_checkpoint
+    if declared:
+        checkpoint = tmp_path / "declared"
+        shutil.copytree(tiny_checkpoint, checkpoint)
+        (checkpoint / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": declared}))
+    tokenizer = load_checkpoint(checkpoint).tokenizer
+    window = declared or tokenizer.model_max_length
+    text = long_text(5 * tokenizer.model_max_length, tokenizer)
     ids = tokenizer.encode(text).ids
     windows = windows_of(ids, window, overlap=16)
     assert len(windows) >= 6
-    async with serving(tiny_checkpoint, long_input_overlap=16) as client:
+    async with serving(checkpoint, long_input_overlap=16) as client:
+        assert (await client.get("/info")).json()["limits"]["long_input_window"] == window
         refused = await client.post("/embed", json={"inputs": ["short", text]})
         chunked = (await client.post("/embed", json={"inputs": [text, "a short one"], "long_input": "chunk"})).json()
         raw = (await client.post("/embed", json={"inputs": text, "long_input": "chunk", "normalize": False})).json()
