@@ -12,8 +12,8 @@
     python -m bench.rerank --short --infinity .venv-peers/bin/infinity_emb            # the same, fewer repeats
 
 Needs PyLate and colbert-ai (.venv-colbert-reference, made by `make test`); without --infinity the Infinity rows are
-left out. The models are built once under --work and reused. On a shared machine run it under `flock
-/work/bench.lock` and read its ratios, not its milliseconds.
+left out. The models are built once under --work and reused. On a shared machine keep other benchmarks off it while
+it runs (flock on a lock file every benchmark takes) and read its ratios, not its milliseconds.
 """
 
 from __future__ import annotations
