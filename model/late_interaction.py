@@ -39,6 +39,18 @@ PYLATE_KEYS = ("query_prefix", "document_prefix", "query_length", "document_leng
                "attend_to_expansion_tokens", "skiplist_words")
 
 
+# Each recipe field under each library's own name, with that library's default where its file has no value
+# (pylate/models/colbert.py, ColBERT.__init__; colbert/infra/config/settings.py): the one table of renamings.
+PYLATE_NAMES = {"query_prefix": ("query_prefix", str, "[Q] "), "document_prefix": ("document_prefix", str, "[D] "),
+                "query_length": ("query_length", int, 32), "document_length": ("document_length", int, 180),
+                "do_query_expansion": ("do_query_expansion", bool, True),
+                "attend_to_expansion_tokens": ("attend_to_expansion_tokens", bool, False)}
+COLBERT_AI_NAMES = {"query_prefix": ("query_token_id", str, "[unused0]"),
+                    "document_prefix": ("doc_token_id", str, "[unused1]"),
+                    "query_length": ("query_maxlen", int, 32), "document_length": ("doc_maxlen", int, 220),
+                    "attend_to_expansion_tokens": ("attend_to_mask_tokens", bool, False)}
+
+
 class LateInteractionError(ValueError):
     """The checkpoint's ColBERT files are unreadable or ask for something this server does not do."""
 
@@ -112,19 +124,10 @@ def _pylate(directory: Path) -> LateInteraction | None:
         if before.out_features != after.in_features:
             raise LateInteractionError(f"{directory / after.weights}: reads {after.in_features}-wide vectors but "
                                        f"{before.weights} gives {before.out_features}")
-    # PyLate's own defaults where the config has no value (pylate/models/colbert.py, ColBERT.__init__).
-    expansion = _field(settings, "do_query_expansion", bool, True, directory)
-    return LateInteraction(
-        format="pylate",
-        query_prefix=_field(settings, "query_prefix", str, "[Q] ", directory),
-        document_prefix=_field(settings, "document_prefix", str, "[D] ", directory),
-        query_length=_length(settings, "query_length", 32, directory),
-        document_length=_length(settings, "document_length", 180, directory),
-        do_query_expansion=expansion,
-        attend_to_expansion_tokens=expansion and _field(settings, "attend_to_expansion_tokens", bool, False, directory),
-        skiplist_words=tuple(_words(settings, "skiplist_words", directory)),
-        projections=projections,
-    )
+    values = _settings(settings, PYLATE_NAMES, directory)
+    values["attend_to_expansion_tokens"] &= values["do_query_expansion"]  # as PyLate: no expansion, nothing to attend
+    return LateInteraction(format="pylate", skiplist_words=tuple(_words(settings, "skiplist_words", directory)),
+                           projections=projections, **values)
 
 
 def _dense(directory: Path, path: str) -> Projection:
@@ -153,19 +156,11 @@ def _colbert_ai(directory: Path) -> LateInteraction:
     if dim != shape[0]:
         raise LateInteractionError(f"{directory / COLBERT_AI_METADATA}: dim {dim} but {COLBERT_AI_PROJECTION} gives "
                                    f"{shape[0]}-wide vectors")
-    # colbert-ai's own defaults (colbert/infra/config/settings.py): its encoder is the reference for this format.
     punctuation = _field(metadata, "mask_punctuation", bool, True, directory)
-    return LateInteraction(
-        format="colbert-ai",
-        query_prefix=_field(metadata, "query_token_id", str, "[unused0]", directory),
-        document_prefix=_field(metadata, "doc_token_id", str, "[unused1]", directory),
-        query_length=_length(metadata, "query_maxlen", 32, directory),
-        document_length=_length(metadata, "doc_maxlen", 220, directory),
-        do_query_expansion=True,
-        attend_to_expansion_tokens=_field(metadata, "attend_to_mask_tokens", bool, False, directory),
-        skiplist_words=tuple(string.punctuation) if punctuation else (),
-        projections=(Projection("", shape[1], shape[0], False),),
-    )
+    return LateInteraction(format="colbert-ai", do_query_expansion=True,
+                           skiplist_words=tuple(string.punctuation) if punctuation else (),
+                           projections=(Projection("", shape[1], shape[0], False),),
+                           **_settings(metadata, COLBERT_AI_NAMES, directory))
 
 
 def _stored_shape(directory: Path, name: str) -> list[int] | None:
@@ -196,11 +191,13 @@ def _field(values: dict, key: str, kind: type, default, directory: Path):
     return value
 
 
-def _length(values: dict, key: str, default: int, directory: Path) -> int:
-    length = _field(values, key, int, default, directory)
-    if length < 4:  # [CLS], the marker, one piece, [SEP]
-        raise LateInteractionError(f"{directory}: {key} must be at least 4 tokens, got {length}")
-    return length
+def _settings(values: dict, names: dict, directory: Path) -> dict:
+    """The recipe's fields read from a library's `values` under its `names`."""
+    found = {field: _field(values, key, kind, default, directory) for field, (key, kind, default) in names.items()}
+    for field in ("query_length", "document_length"):
+        if found[field] < 4:  # [CLS], the marker, one piece, [SEP]
+            raise LateInteractionError(f"{directory}: {names[field][0]} must be at least 4 tokens, got {found[field]}")
+    return found
 
 
 def _words(values: dict, key: str, directory: Path) -> list[str]:
