@@ -144,7 +144,7 @@ class FrontDoor:
         limits = limits or self.limits
         items, encoded = await self._tokenize(inputs, lambda: encode_items(
             self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field,
-            (self.long_input_window, self.long_input_overlap)))
+            window=self.long_input_window, overlap=self.long_input_overlap))
         answer_size.check_vectors([len(e.ids) for e in encoded], dimensions if shortened else self.width,
                                   pooling != "none", base64, limits.max_response_mb)
         results = await self._compute(items, gone)

@@ -111,16 +111,16 @@ def _as_entries(inputs) -> list:
 
 
 def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: Pooling, normalize: bool, prep: Preparation,
-                 limits: Limits, field: str = "inputs", windows: tuple[int, int] = (0, 0)
+                 limits: Limits, field: str = "inputs", window: int = 0, overlap: int = 0
                  ) -> tuple[list[EncodeItem], list[EncodedText]]:
-    """Items (with `prep.chunk`, a long input's windows: `windows` is their length and the pieces shared by
-    neighbours), and each input's encoding (its tokens as text, when asked). `field` names the inputs in errors."""
+    """Items (with `prep.chunk`, a long input's windows of `window` tokens, `overlap` pieces shared by neighbours),
+    and each input's encoding (its tokens as text, when asked). `field` names the inputs in errors."""
     entries = _as_entries(inputs)
     check_texts(entries, limits, field)
     encoded = _encode(tokenizer, entries, prep, field)
     if not prep.chunk:
         return [EncodeItem(e.ids, e.type_ids, pooling=pooling, normalize=normalize) for e in encoded], encoded
-    items = windowed_items(tokenizer, encoded, pooling, normalize, *windows, field)
+    items = windowed_items(tokenizer, encoded, pooling, normalize, window, overlap, field)
     if len(items) > limits.max_inputs_per_request:  # each window is an input's work
         raise ServiceError("validation", f"{field} make {len(items)} windows of the model's length; the limit is "
                                          f"{limits.max_inputs_per_request} per request: send fewer or shorter texts",
