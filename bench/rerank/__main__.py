@@ -61,11 +61,13 @@ def main() -> None:
 
 def print_exactness(found) -> None:
     print("\n| reference | served | vectors | min cosine | mean cosine | max score diff | vs rank.rerank | rankings kept "
-          "| top-10 kept |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| top-10 kept | top-1 kept | Kendall tau | median gap |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: "
+          "| ---: | ---: | ---: | ---: |")
     for a in found:
         rank = "-" if a.max_rank_rerank_difference is None else f"{a.max_rank_rerank_difference:.2g}"
         print(f"| {a.reference} | {a.served} | {a.vectors} | {a.min_cosine:.7f} | {a.mean_cosine:.7f} | "
-              f"{a.max_score_difference:.2g} | {rank} | {a.rankings_kept:.0%} | {a.top10_kept:.0%} |")
+              f"{a.max_score_difference:.2g} | {rank} | {a.rankings_kept:.0%} | {a.top10_kept:.0%} | "
+              f"{a.top1_kept:.0%} | {a.kendall_tau:.3f} | {a.median_gap:.3f} |")
 
 
 def print_speed(timings, refusal) -> None:

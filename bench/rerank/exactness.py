@@ -24,6 +24,10 @@ class Agreement:
     max_rank_rerank_difference: float | None  # against PyLate's rank.rerank (documents padded beside the longest)
     rankings_kept: float  # share of queries whose whole ranking of the documents is the reference's
     top10_kept: float  # ... whose ten best documents, in order, are the reference's
+    top1_kept: float  # ... whose best document is the reference's
+    kendall_tau: float  # the rankings' agreement, the mean over queries (1: the same order)
+    median_gap: float  # the reference's median score difference between neighbours in its ranking: what noise must
+    # stay under for the order to hold (a projection trained for retrieval spreads them wider than a fresh one)
 
 
 def served(checkpoint, dtype: str, queries: list[str], documents: list[str]) -> dict:
@@ -53,11 +57,21 @@ def agreement(reference_name: str, served_name: str, want: dict, got: dict) -> A
     mine, theirs = np.asarray(got["scores"]), np.asarray(want["scores"])
     orders = [(np.argsort(-m, kind="stable"), np.argsort(-t, kind="stable")) for m, t in zip(mine, theirs)]
     rank_scores = want.get("rank_scores")
+    gaps = [np.median(-np.diff(np.sort(t)[::-1])) for t in theirs]
     return Agreement(reference_name, served_name, len(cosines), float(np.min(cosines)), float(np.mean(cosines)),
                      float(np.abs(mine - theirs).max()),
                      float(np.abs(mine - np.asarray(rank_scores)).max()) if rank_scores is not None else None,
                      float(np.mean([(a == b).all() for a, b in orders])),
-                     float(np.mean([(a[:10] == b[:10]).all() for a, b in orders])))
+                     float(np.mean([(a[:10] == b[:10]).all() for a, b in orders])),
+                     float(np.mean([a[0] == b[0] for a, b in orders])),
+                     float(np.mean([kendall_tau(m, t) for m, t in zip(mine, theirs)])), float(np.median(gaps)))
+
+
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+    """Kendall's tau-a of two score lists: (concordant - discordant pairs) / all pairs."""
+    upper = np.triu_indices(len(a), k=1)
+    signs = np.sign(np.subtract.outer(a, a)[upper]) * np.sign(np.subtract.outer(b, b)[upper])
+    return float(signs.sum() / len(signs))
 
 
 def measure(models, queries: list[str], documents: list[str], dtypes: tuple[str, ...]) -> list[Agreement]:
