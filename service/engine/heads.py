@@ -2,8 +2,8 @@
 
 `launch_heads` queues the device work (pooling, the MLM head at [MASK] positions only, pooler + NSP or
 classifier on [CLS], SPLADE weights, a ColBERT's token vectors: service.engine.colbert_head) and the copies of
-what the items asked for to the host, and returns *collectors*; once the batch's device work has finished (the engine waits on one event), each collector
-turns its host arrays into the items' results. On a GPU the copies land in page-locked memory and the index
+what the items asked for to the host, and returns *collectors*; once the batch's device work has finished (the
+engine waits on one event), each collector turns its host arrays into the items' results. On a GPU the copies land in page-locked memory and the index
 tensors go up without a stream sync, so the engine can launch the next batch before it collects this one.
 On a CPU everything has happened by the time `launch_heads` returns.
 """
