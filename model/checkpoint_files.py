@@ -1,6 +1,7 @@
 """The text files of a checkpoint directory, read without torch: config.json, the tokenizer's files, the pooling
-recipe, a classifier's labels, a ColBERT's recipe and training_metadata.json. What a process that tokenizes and formats needs (the HTTP
-front ends, up to one per core beside the engine); the weights are model/checkpoint.py's, which builds on this.
+recipe, a classifier's labels, a ColBERT's recipe and training_metadata.json. What a process that tokenizes and
+formats needs (the HTTP front ends, up to one per core beside the engine); the weights are model/checkpoint.py's,
+which builds on this.
 """
 
 from __future__ import annotations

@@ -46,11 +46,13 @@ def load_projection(directory: Path, recipe: LateInteraction, hidden_size: int,
     its `linear.weight` among the encoder's tensors: it is taken out of `encoder_tensors` here."""
     if recipe.projections[0].in_features != hidden_size:
         where = recipe.projections[0].weights or COLBERT_AI_PROJECTION
-        raise CheckpointError(f"{directory}: the ColBERT projection ({where}) reads {recipe.projections[0].in_features}-"
-                              f"wide vectors but the encoder's hidden_size is {hidden_size}")
+        width = recipe.projections[0].in_features
+        raise CheckpointError(f"{directory}: the ColBERT projection ({where}) reads {width}-wide vectors but the "
+                              f"encoder's hidden_size is {hidden_size}")
     layers = []
     for spec in recipe.projections:
-        tensors = _colbert_ai_tensors(encoder_tensors) if spec.weights == "" else _dense_tensors(directory / spec.weights)
+        tensors = _colbert_ai_tensors(encoder_tensors) if spec.weights == "" else \
+            _dense_tensors(directory / spec.weights)
         layers.append(_linear(directory / spec.weights, spec, tensors))
     return ColbertProjection(layers).eval()
 
@@ -82,7 +84,8 @@ def _linear(where: Path, spec: Projection, tensors: dict[str, torch.Tensor]) -> 
         found = "none" if weight is None else list(weight.shape)
         raise CheckpointError(f"{where}: linear.weight should be {list(want)} as its config says, found {found}")
     if spec.bias != (bias is not None):
-        raise CheckpointError(f"{where}: the config says bias {spec.bias}, the weights {'have' if bias is not None else 'lack'} one")
+        found = "have" if bias is not None else "lack"
+        raise CheckpointError(f"{where}: the config says bias {spec.bias}, the weights {found} one")
     for name, tensor in (("linear.weight", weight), ("linear.bias", bias)):
         if tensor is not None and (not tensor.is_floating_point() or not torch.isfinite(tensor).all()):
             raise CheckpointError(f"{where}: {name} must hold finite floating-point values")

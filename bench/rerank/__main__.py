@@ -60,9 +60,9 @@ def main() -> None:
 
 
 def print_exactness(found) -> None:
-    print("\n| reference | served | vectors | min cosine | mean cosine | max score diff | vs rank.rerank | rankings kept "
-          "| top-10 kept | top-1 kept | Kendall tau | median gap |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: "
-          "| ---: | ---: | ---: | ---: |")
+    print("\n| reference | served | vectors | min cosine | mean cosine | max score diff | vs rank.rerank "
+          "| rankings kept | top-10 kept | top-1 kept | Kendall tau | median gap |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for a in found:
         rank = "-" if a.max_rank_rerank_difference is None else f"{a.max_rank_rerank_difference:.2g}"
         print(f"| {a.reference} | {a.served} | {a.vectors} | {a.min_cosine:.7f} | {a.mean_cosine:.7f} | "
@@ -80,9 +80,10 @@ def print_speed(timings, refusal) -> None:
 
 
 def print_long(found) -> None:
-    print(f"\nlong input: {found.words} words, {found.tokens} tokens in {found.windows} windows; cosine to the windows' "
-          f"mean {found.cosine_to_windows:.7f}; {found.long_tokens_per_s:.0f} tokens/s ({found.computed_tokens_per_s:.0f}"
-          f" computed) against {found.short_tokens_per_s:.0f} for short passages: {found.ratio:.2f}x")
+    print(f"\nlong input: {found.words} words, {found.tokens} tokens in {found.windows} windows; cosine to the "
+          f"windows' mean {found.cosine_to_windows:.7f}; {found.long_tokens_per_s:.0f} tokens/s "
+          f"({found.computed_tokens_per_s:.0f} computed) against {found.short_tokens_per_s:.0f} for short passages: "
+          f"{found.ratio:.2f}x")
 
 
 if __name__ == "__main__":
