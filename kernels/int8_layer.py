@@ -150,8 +150,9 @@ class Int8FusedLayer(BertLayer):
         self.weights = LayerWeights(self)
 
     def forward(self, x: torch.Tensor, attn_mask, keep: torch.Tensor | None = None) -> torch.Tensor:
-        if keep is None and isinstance(attn_mask, Packing) and x.dtype == torch.float32 and x.device.type == "cpu" \
-                and not x.requires_grad and self.kernel is not None:
+        # The C layer attends each sequence to all of itself: a packing that restricts keys runs the parts.
+        if keep is None and isinstance(attn_mask, Packing) and attn_mask.key_lengths is None and \
+                x.dtype == torch.float32 and x.device.type == "cpu" and not x.requires_grad and self.kernel is not None:
             return self.kernel.run(self.weights, x, attn_mask)
         return super().forward(x, attn_mask, keep)
 

@@ -80,12 +80,16 @@ def attention_pads(device: torch.device, dtype: torch.dtype, head_dim: int = 64)
 
 
 def attend_varlen(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int) -> torch.Tensor:
-    """Packed (N, 3H) query | key | value -> (N, H), each sequence attending to itself alone."""
+    """Packed (N, 3H) query | key | value -> (N, H), each sequence attending to itself alone (to its first
+    `key_lengths` tokens where the packing restricts them)."""
     tokens = qkv.shape[0]
     # Three strided (N, nh, hd) views, no copies: FlashAttention needs only the last dimension contiguous.
     q, k, v = qkv.view(tokens, 3, num_heads, head_dim).unbind(1)
+    cu_keys, most_keys = packing.cu_seqlens, packing.max_length
+    if packing.key_lengths is not None:  # the keys of each sequence, packed on their own
+        k, v, cu_keys, most_keys = k[packing.key_rows], v[packing.key_rows], packing.cu_keys, max(packing.key_lengths)
     # Positional arguments only: 2.10 has `is_causal` after max_k, 2.11+ keyword-only options.
-    out = varlen_attn(q, k, v, packing.cu_seqlens, packing.cu_seqlens, packing.max_length, packing.max_length)
+    out = varlen_attn(q, k, v, packing.cu_seqlens, cu_keys, packing.max_length, most_keys)
     return out.reshape(tokens, num_heads * head_dim)
 
 
@@ -117,20 +121,23 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
     dtype = qkv.dtype
     qkv = qkv.float()
     out = qkv.new_empty(qkv.shape[0], hidden)
-    spans = packing.spans
+    keys = packing.key_lengths or tuple(length for _, length in packing.spans)
+    spans = [(start, length, attended) for (start, length), attended in zip(packing.spans, keys)]
     if kernel is not None:  # the short sequences in one kernel call, torch the rest
-        if packing.max_length <= kernel.max_length:  # all of them: the packing's own index tensors
-            starts, lengths, longest, spans = packing.starts, packing.lengths, packing.max_length, ()
-        else:
-            short = [(start, length) for start, length in spans if length <= kernel.max_length]
+        if packing.max_length <= kernel.max_length and packing.key_lengths is None:
+            starts, lengths, longest, spans = packing.starts, packing.lengths, packing.max_length, ()  # all of them
+        else:  # the kernel attends each sequence to all of itself: those that restrict their keys go to torch
+            short = [(start, length) for start, length, attended in spans
+                     if length <= kernel.max_length and attended == length]
             starts, lengths = torch.tensor([start for start, _ in short]), torch.tensor([n for _, n in short])
             longest = max((n for _, n in short), default=0)
-            spans = [(start, length) for start, length in spans if length > kernel.max_length]
+            spans = [span for span in spans if span[1] > kernel.max_length or span[2] != span[1]]
         if longest:
             qkv = qkv.contiguous()
             kernel.attend(qkv, starts, lengths, longest, num_heads, head_dim, out)
-    for start, length in spans:
-        # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies.
+    for start, length, attended in spans:
+        # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies; the keys and values of its first `attended`.
         q, k, v = qkv[start:start + length].view(1, length, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+        k, v = k[:, :, :attended], v[:, :, :attended]
         out[start:start + length] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(length, hidden)
     return out.to(dtype)

@@ -311,8 +311,8 @@ class BertForPreTraining(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels) if num_labels else None
         self.classifier_per_token = bool(num_labels and per_token)
         self.qa_outputs = nn.Linear(config.hidden_size, 2) if with_qa else None
-        # On the meta device (load_checkpoint) there is nothing to initialise, and random init there would
-        # import torch._dynamo: 1.3 s of every server start.
+        self.projection: nn.Module | None = None  # a ColBERT's, of each token's last state (model.projection)
+        # On the meta device (load_checkpoint) init is moot, and would import torch._dynamo (1.3 s of every start).
         if not next(self.parameters()).is_meta:
             self.apply(self._init_weights)
         self.tie_weights()

@@ -31,6 +31,7 @@ from service.tasks import (
     FillMaskItem,
     FillMaskScores,
     Item,
+    LateInteractionItem,
     MaskScores,
     NspItem,
     NspLogits,
@@ -43,6 +44,7 @@ from service.tasks import (
     TokenClassifyItem,
     TokenLogits,
     TokenVectors,
+    WindowItem,
 )
 
 
@@ -142,7 +144,7 @@ Message = Hello | Submit | Cancel | Status | Done | Failed | Heartbeat
 # Tags are the wire format: append, never renumber.
 _TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, FillMaskItem, NspItem, ClassifyItem,
           SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector,
-          Heartbeat, TokenClassifyItem, QaItem, TokenLogits, SpanLogits)
+          Heartbeat, TokenClassifyItem, QaItem, TokenLogits, SpanLogits, WindowItem, LateInteractionItem)
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
 _ARRAY = -1  # the map key of a numpy array: {-1: [dtype, shape, raw bytes]}

@@ -1,7 +1,9 @@
 """The clients people already have, unchanged, against the server as `make serve` runs it (the bundled model)
 and against a served cross-encoder: huggingface_hub's InferenceClient (sync and async, 2.x here and 1.x in the
 clients' environment), LangChain's OpenAI and Hugging Face embeddings, LlamaIndex's TEI and OpenAI-like
-embeddings. Vectors and scores are compared with transformers' on the same checkpoint (1e-4, float32)."""
+embeddings; the Cohere SDK's rerank and LangChain's Cohere reranker against a cross-encoder and a ColBERT; two
+models behind one server, reached by OpenAI's `model` and by base URL. Vectors and scores are compared with
+transformers' on the same checkpoint (1e-4, float32), rerank scores with /rerank's."""
 
 from __future__ import annotations
 
@@ -296,3 +298,58 @@ def test_hugging_face_and_tei_clients_reach_a_model_by_its_base_url(two_models):
     scores = InferenceClient(base_url=f"{url}/models/rerank", token=KEY).text_classification(
         {"text": TEXTS[0], "text_pair": TEXTS[1]})
     assert len(scores) == 1 and 0 <= scores[0].score <= 1
+
+
+@pytest.fixture(scope="module")
+def colbert(tiny_colbert):
+    """A served ColBERT with two front-end processes, so its items and the Cohere answers cross the engine's wire."""
+    process, url = start_service(tiny_colbert, "--api-key", KEY, "--workers", "2", *FLOAT32)
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+@pytest.mark.anyio
+async def test_long_inputs_and_colbert_vectors_cross_the_engine_process_as_they_compute_in_one(colbert, tiny_colbert):
+    """Windows folded in the engine process, a ColBERT's items and vectors over the wire: as with one process."""
+    import httpx
+
+    from tests.service.conftest import serving
+
+    text = " ".join(TEXTS * 8)  # longer than the model (128) and than a document (24): a few windows of each
+    bodies = [("/embed", {"inputs": [text, TEXTS[0]], "long_input": "chunk"}),
+              ("/token-vectors", {"inputs": [text, TEXTS[1]], "long_input": "chunk"}),
+              ("/token-vectors", {"inputs": TEXTS, "mode": "query"})]
+    with httpx.Client(base_url=colbert, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        remote = [client.post(route, json=body).json() for route, body in bodies]
+    async with serving(tiny_colbert) as client:
+        local = [(await client.post(route, json=body)).json() for route, body in bodies]
+    np.testing.assert_allclose(remote[0], local[0], atol=1e-5)
+    assert len(remote[0]) == 2
+    assert len(remote[1]["results"][0]["tokens"]) > 2 * 24  # several windows' vectors
+    for mine, theirs in zip(remote[1:], local[1:]):
+        for a, b in zip(mine["results"], theirs["results"]):
+            assert a["tokens"] == b["tokens"]
+            np.testing.assert_allclose(a["vectors"], b["vectors"], atol=1e-5)
+
+
+@pytest.mark.parametrize("server", ["cross_encoder", "colbert"])
+def test_cohere_sdk_and_langchain_cohere_rerank_read_the_scores_of_rerank(server, request):
+    import httpx
+
+    url = request.getfixturevalue(server)
+    from tests.clients.drive import QUERY
+
+    want = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": TEXTS},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60).json()
+    answers = drive(url, "cohere_rerank", "langchain_cohere_rerank")
+    rerank = answers["cohere_rerank"]
+    assert rerank["version"].startswith("5.")
+    assert [(r["index"], r["text"]) for r in rerank["v1"]] == [(w["index"], TEXTS[w["index"]]) for w in want[:2]]
+    np.testing.assert_allclose([r["score"] for r in rerank["v1"]], [w["score"] for w in want[:2]], atol=1e-4)
+    assert [r["index"] for r in rerank["v2"]] == [w["index"] for w in want]
+    np.testing.assert_allclose([r["score"] for r in rerank["v2"]], [w["score"] for w in want], atol=1e-4)
+    assert rerank["refused"]["status"] == 400 and "top_n" in rerank["refused"]["body"]["message"]
+    kept = answers["langchain_cohere_rerank"]["documents"]
+    assert [d["text"] for d in kept] == [TEXTS[w["index"]] for w in want[:2]]
+    np.testing.assert_allclose([d["score"] for d in kept], [w["score"] for w in want[:2]], atol=1e-4)

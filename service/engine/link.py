@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.engine.batcher import Batcher, Ticket
+from service.engine.long_inputs import folder
 from service.engine.models import EngineModels, load_models
 from service.errors import ServiceError
 from service.messages import Heartbeat, ModelFacts
@@ -52,7 +53,7 @@ def _settle(tickets: list[Ticket]) -> None:
 
 def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float) -> LocalPending:
     """Queue a request's items; when one of them fails, the rest of the request is not computed."""
-    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future())
+    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future(), finish=folder(items))
     batcher.submit(items, ticket)
     return LocalPending(ticket.tag, ticket, batcher)
 

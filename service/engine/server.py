@@ -24,6 +24,7 @@ import time
 import zmq
 
 from service.engine.batcher import Batcher, Ticket
+from service.engine.long_inputs import folder
 from service.engine.models import EngineModels, load_models
 from service.errors import ServiceError
 from service.launch import die_with_parent, read_launch_record, sources_from
@@ -172,7 +173,7 @@ class EngineServer:
                 "not_found", f"no model is named {message.model!r} here"))
             return
         key = (identity, message.request_id)
-        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key)
+        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key, finish=folder(message.items))
         self.requests[key] = (batcher, ticket)
         try:
             batcher.submit(message.items, ticket)

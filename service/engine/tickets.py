@@ -4,6 +4,7 @@ in the queue, and a `LaunchedBatch` on an asynchronous device."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,6 +32,9 @@ class Ticket:
     tag: Any = None  # the sink's own reference to the request (a future, a request id)
     cancelled: bool = False  # set by the caller when its client goes away
     error: ServiceError | None = None
+    # Turns the inputs' results into the request's once all are in (service.engine.long_inputs.folder: the windows of
+    # a long input folded into one vector); None keeps them as they are.
+    finish: Callable[[list], list] | None = None
     results: list = field(init=False)
     missing: int = field(init=False)
 
@@ -47,6 +51,8 @@ class Ticket:
             return True
         self.results[index] = result
         self.missing -= 1
+        if self.missing == 0 and self.finish is not None:
+            self.results = self.finish(self.results)
         return self.missing == 0
 
 

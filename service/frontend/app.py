@@ -21,6 +21,8 @@ from service.frontend.model_prefix import MODEL_SCOPE, ModelPrefix
 from service.frontend.pages import mount_assets, pages, playground_page
 from service.frontend.routes import api, public
 from service.frontend.routes_classify import classify
+from service.frontend.routes_cohere import cohere
+from service.frontend.routes_colbert import colbert
 from service.frontend.routes_openai import openai, openai_alias
 from service.frontend.routes_root import root
 from service.frontend.routes_tei import tei
@@ -77,7 +79,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     app.state.runtime = runtime
     app.state.on_load_failure = None
     app.state.on_loaded = None  # called once loading succeeded (service.frontend.serve: the garbage collector)
-    routers = (public, api, openai, openai_alias, tei, classify, tokens, root)
+    routers = (public, api, openai, openai_alias, tei, classify, tokens, colbert, cohere, root)
     for router in routers:
         app.include_router(router)
 

@@ -97,7 +97,8 @@ class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
                  classifier_pairs: bool = False, deadline_grace_s: float = 2.0, num_token_labels: int = 0,
-                 has_qa_head: bool = False, model: str = ""):
+                 has_qa_head: bool = False, late_interaction_dim: int = 0, long_input_window: int = 0,
+                 long_input_overlap: int = 0, model: str = ""):
         self.tokenizer = tokenizer
         self.engine = engine
         self.limits = limits
@@ -112,6 +113,9 @@ class FrontDoor:
         self.classifier_pairs = classifier_pairs  # whether the classifier reads [a, b] pairs (a cross-encoder)
         self.num_token_labels = num_token_labels  # outputs of a token-classification head (0: none)
         self.has_qa_head = has_qa_head  # an extractive question-answering head
+        self.late_interaction_dim = late_interaction_dim  # a ColBERT projection's width (0: none)
+        self.long_input_window = long_input_window or tokenizer.model_max_length  # tokens of a chunked input's window
+        self.long_input_overlap = long_input_overlap  # pieces shared by neighbouring windows of a chunked input
 
     def heads(self) -> str:
         """What this checkpoint can do, for errors that refuse a route it cannot serve."""
@@ -119,7 +123,8 @@ class FrontDoor:
             (["next-sentence head"] if self.has_nsp_head else []) + \
             ([f"classification head ({self.num_labels} outputs)"] if self.num_labels else []) + \
             ([f"token-classification head ({self.num_token_labels} labels)"] if self.num_token_labels else []) + \
-            (["question-answering head"] if self.has_qa_head else [])
+            (["question-answering head"] if self.has_qa_head else []) + \
+            ([f"ColBERT projection ({self.late_interaction_dim} wide)"] if self.late_interaction_dim else [])
         return ", ".join(names)
 
     def _require(self, present: bool, route_needs: str) -> None:
@@ -141,7 +146,8 @@ class FrontDoor:
         shortened = dimensions is not None and dimensions < self.width and pooling != "none"
         limits = limits or self.limits
         items, encoded = await self._tokenize(inputs, lambda: encode_items(
-            self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field))
+            self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field,
+            window=self.long_input_window, overlap=self.long_input_overlap))
         answer_size.check_vectors([len(e.ids) for e in encoded], dimensions if shortened else self.width,
                                   pooling != "none", base64, limits.max_response_mb)
         results = await self._compute(items, gone)

@@ -30,7 +30,8 @@ public = APIRouter(tags=["Operations"])
 async def encode(body: EncodeRequest, request: Request, door: Door, model: Model) -> Response:
     """The encoder's last hidden layer (or the checkpoint's `embedding_layer`): one vector per token (special tokens
     included), or pooled by [CLS] or mean."""
-    outputs = await door.encode(body.inputs, body.pooling, body.normalize, Preparation(body.truncate),
+    prep = Preparation(body.truncate, chunk=body.long_input == "chunk")
+    outputs = await door.encode(body.inputs, body.pooling, body.normalize, prep,
                                 gone=client_gone(request), base64=body.encoding_format == "base64")
     return json_response({
         "model": model.display_name,

@@ -1,7 +1,8 @@
-"""Sequence classifiers and cross-encoders, on text-embeddings-inference's routes: `/predict` (texts and
+"""Sequence classifiers and rerankers, on text-embeddings-inference's routes: `/predict` (texts and
 [text, text_pair] pairs -> labels with scores) and `/rerank` (a query against texts, best first). Scores
 come from the checkpoint's classification head through the same batcher as every other route; softmax
-or sigmoid as its config says (`model.labels`), or the logits with `raw_scores`."""
+or sigmoid as its config says (`model.labels`), or the logits with `raw_scores`. /rerank scores with whatever the
+model reranks with (service.frontend.rerankers: a cross-encoder, or a ColBERT by MaxSim)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import numpy as np
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from service.errors import ServiceError
 from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.deps import TEI_ERRORS, Door, Model
+from service.frontend.deps import TEI_ERRORS, Door, Model, Reranking
+from service.frontend.rerankers import RerankOptions
 from service.frontend.schemas_tei import TeiPrediction, TeiPredictRequest, TeiRank, TeiRerankRequest
 
 classify = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["TEI-compatible"])
@@ -34,21 +35,12 @@ async def predict(body: TeiPredictRequest, request: Request, door: Door, model: 
 
 
 @classify.post("/rerank", response_model=list[TeiRank], summary="Rerank texts against a query (TEI-compatible)")
-async def rerank(body: TeiRerankRequest, request: Request, door: Door, model: Model) -> Response:
-    """The cross-encoder's score of (query, text) for every text, sorted best first, with each text's index."""
-    if door.num_labels and not door.classifier_pairs:
-        raise ServiceError("unsupported", f"/rerank needs a cross-encoder (a classifier of [query, text] pairs); this "
-                                          f"checkpoint's classifier reads single texts. It has: {door.heads()}")
-    if door.num_labels > 1:
-        raise ServiceError("unsupported", f"/rerank needs one relevance score per pair; this checkpoint's classifier "
-                                          f"has {door.num_labels} outputs (use /predict)")
-    if not body.texts:
-        raise ServiceError("empty", "texts is empty; send at least one text to rank", param="texts")
+async def rerank(body: TeiRerankRequest, request: Request, reranker: Reranking, model: Model) -> Response:
+    """Each text's relevance to the query, sorted best first, with each text's index: a cross-encoder's score of
+    (query, text), or a ColBERT's MaxSim score."""
     prep = preparation(model.checkpoint.pooling, body.truncate, body.truncation_direction)
-    door.check_query(body.query, prep)
-    logits = await door.classify([[body.query, text] for text in body.texts], prep, gone=client_gone(request),
-                                 field="texts")
-    scores = model.checkpoint.labels.scores(np.stack(logits)[:, 0], raw=body.raw_scores)
+    options = RerankOptions(prep, raw_scores=body.raw_scores, chunk=body.long_input == "chunk", field="texts")
+    scores = await reranker.scores(body.query, body.texts, options, gone=client_gone(request))
     ranks = [{"index": int(i), "score": float(scores[i]), **({"text": body.texts[i]} if body.return_text else {})}
              for i in np.argsort(-scores, kind="stable")]
     return json_response(ranks)

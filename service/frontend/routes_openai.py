@@ -38,9 +38,11 @@ async def embeddings(body: OpenAIEmbeddingsRequest, request: Request, state: Sta
                            "text", param="input")
     model = state.requested_model(request_model(request), body.model)
     request.scope[MODEL_SCOPE] = model.name  # the request's metrics carry it
-    prep = preparation(model.checkpoint.pooling, False)  # the checkpoint's default prompt, if it has one
-    outputs = await model.frontdoor.encode(body.input, model.checkpoint.pooling.mode, True, prep, gone=client_gone(request),
-                                field="input", dimensions=body.dimensions, base64=body.encoding_format == "base64")
+    # the checkpoint's default prompt, if it has one
+    prep = preparation(model.checkpoint.pooling, False, long_input=body.long_input)
+    outputs = await model.frontdoor.encode(body.input, model.checkpoint.pooling.mode, True, prep,
+                                           gone=client_gone(request), field="input", dimensions=body.dimensions,
+                                           base64=body.encoding_format == "base64")
     data = []
     for index, output in enumerate(outputs):
         vector = output.result.vector

@@ -30,7 +30,8 @@ tei = APIRouter(route_class=ParsedBodyRoute, responses=TEI_ERRORS, tags=["TEI-co
 @tei.post("/embed", response_model=list[list[float]], summary="Embeddings (TEI-compatible)")
 async def embed(body: TeiEmbedRequest, request: Request, door: Door, model: Model) -> Response:
     """One pooled vector per input (pooling from the checkpoint's sentence-transformers config, else mean)."""
-    prep = preparation(model.checkpoint.pooling, body.truncate, body.truncation_direction, body.prompt_name)
+    prep = preparation(model.checkpoint.pooling, body.truncate, body.truncation_direction, body.prompt_name,
+                       body.long_input)
     outputs = await door.encode(body.inputs, model.checkpoint.pooling.mode, body.normalize, prep,
                                 gone=client_gone(request), dimensions=body.dimensions)
     return json_response([o.result.vector for o in outputs])

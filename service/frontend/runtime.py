@@ -19,8 +19,12 @@ from pathlib import Path
 from model.checkpoint_files import Checkpoint, load_checkpoint_files, with_labels
 from model.hub import ResolvedCheckpoint, resolve_checkpoint
 from service.errors import ServiceError
+from service.frontend.colbert import ColbertDoor
+from service.frontend.colbert_inputs import ColbertTokens
 from service.frontend.frontdoor import FrontDoor
 from service.frontend.inputs import Limits
+from service.frontend.long_inputs import window_length
+from service.frontend.rerankers import Reranker, reranker_for
 from service.frontend.link import EngineLink
 from service.messages import ModelFacts
 from service.metrics import Metrics
@@ -95,6 +99,8 @@ class ServedModel:
     checkpoint: Checkpoint | None = None  # without weights: those live with the engine
     facts: ModelFacts | None = None
     frontdoor: FrontDoor | None = None
+    colbert: ColbertDoor | None = None  # a ColBERT's token vectors and MaxSim scores
+    reranker: Reranker | None = None  # what every rerank route scores with
 
     @property
     def name(self) -> str:
@@ -219,13 +225,19 @@ class Runtime:
         for served, model_facts in zip(self.models.values(), facts):
             # one classifier or none
             checkpoint = with_labels(await files[served.name], model_facts.num_labels or model_facts.num_token_labels)
+            recipe = checkpoint.late_interaction  # a ColBERT's markers, lengths, skiplist and projection
             served.checkpoint, served.facts = checkpoint, model_facts
             served.frontdoor = FrontDoor(
                 checkpoint.tokenizer, self.link, limits, self.metrics, s.queue_timeout_s, model_facts.has_mlm_head,
                 model_facts.has_nsp_head, checkpoint.config.hidden_size, model_facts.num_labels,
                 reads_pairs(checkpoint, served.spec.classifier_pairs) and model_facts.num_labels > 0,
                 deadline_grace_s=s.deadline_grace_s, num_token_labels=model_facts.num_token_labels,
-                has_qa_head=model_facts.has_qa_head, model=served.name)
+                has_qa_head=model_facts.has_qa_head, late_interaction_dim=recipe.dim if recipe else 0,
+                long_input_window=window_length(checkpoint.tokenizer, checkpoint.pooling),
+                long_input_overlap=s.long_input_overlap, model=served.name)
+            if recipe is not None:
+                served.colbert = ColbertDoor(served.frontdoor, ColbertTokens.of(checkpoint.tokenizer, recipe))
+            served.reranker = reranker_for(served.frontdoor, checkpoint.labels, served.colbert)
         self.lifecycle.ready()
         log.info("serving %s on %s, ready in %.1f s", ", ".join(
             f"{m.display_name} ({m.facts.dtype})" for m in self.models.values()), self.facts.device,
@@ -273,7 +285,10 @@ class Runtime:
             "name": served.name,
             "ready": self.lifecycle.is_ready,
             "config": checkpoint.config.to_dict() if checkpoint else None,
-            "heads": _heads(facts),
+            "heads": _heads(facts, checkpoint),
+            # a ColBERT's vectors: their width, the query and document lengths (null for any other model)
+            "late_interaction": checkpoint.late_interaction.describe()
+            if checkpoint and checkpoint.late_interaction else None,
             "device": facts.device if facts else None,
             "dtype": facts.dtype if facts else None,
             "dtype_reason": facts.dtype_reason if facts else None,  # what --dtype auto measured and chose
@@ -292,6 +307,8 @@ class Runtime:
             "weight": served.spec.weight,
             "batch_tokens_in_force": facts.batch_tokens_in_force if facts else None,
             "batch_size_in_force": facts.batch_size_in_force if facts else None,
+            # tokens of each window of an input read with "long_input": "chunk" (service.frontend.long_inputs)
+            "long_input_window": served.frontdoor.long_input_window if served.frontdoor else None,
             "cuda_graphs_in_force": facts.cuda_graphs if facts else None,  # graphs live; 0: eager
             # which graphs replay, and which fell back to eager at the start-up check (why)
             "cuda_graphs": {"live": facts.cuda_graphs_live, "eager": facts.cuda_graphs_eager} if facts else None,
@@ -302,7 +319,8 @@ class Runtime:
         """One line of /info's `models`: what a client picking a model needs."""
         facts = served.facts
         return {"name": served.name, "model": served.display_name, "default": served.name == self.default,
-                "path": f"/models/{served.name}", "heads": _heads(facts), "dtype": facts.dtype if facts else None,
+                "path": f"/models/{served.name}", "heads": _heads(facts, served.checkpoint),
+                "dtype": facts.dtype if facts else None,
                 "device": facts.device if facts else None, "weight": served.spec.weight,
                 "root_task": served.spec.root_task, "max_queue_items": served.spec.max_queue_items,
                 "batch_tokens_in_force": facts.batch_tokens_in_force if facts else None,
@@ -339,10 +357,11 @@ class Runtime:
         }
 
 
-def _heads(facts: ModelFacts | None) -> dict:
+def _heads(facts: ModelFacts | None, checkpoint: Checkpoint | None) -> dict:
     return {"mlm": bool(facts and facts.has_mlm_head), "nsp": bool(facts and facts.has_nsp_head),
             "classifier": bool(facts and facts.num_labels), "token_classifier": bool(facts and facts.num_token_labels),
-            "question_answering": bool(facts and facts.has_qa_head)}
+            "question_answering": bool(facts and facts.has_qa_head),
+            "late_interaction": bool(checkpoint and checkpoint.late_interaction)}
 
 
 def _file_names_only(value):

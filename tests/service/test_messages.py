@@ -17,6 +17,7 @@ from service.tasks import (
     EncodeItem,
     FillMaskItem,
     FillMaskScores,
+    LateInteractionItem,
     MaskScores,
     NspItem,
     NspLogits,
@@ -24,6 +25,7 @@ from service.tasks import (
     SparseItem,
     SparseVector,
     TokenVectors,
+    WindowItem,
 )
 
 rng = np.random.default_rng(0)
@@ -43,7 +45,10 @@ MESSAGES = [
                ClassifyItem([101, 5, 102], [0, 0, 0]),
                SparseItem([101, 6, 102], [0, 0, 0]),
                TokenClassifyItem([101, 7, 8, 102], [0, 0, 0, 0]),
-               QaItem([101, 9, 102, 10, 11, 102], [0, 0, 0, 1, 1, 1])], 12345.678),
+               QaItem([101, 9, 102, 10, 11, 102], [0, 0, 0, 1, 1, 1]),
+               WindowItem([101, 12, 13, 102], [0, 0, 0, 0], "mean", False, source=2, normalize_input=True),
+               LateInteractionItem([101, 1, 14, 102, 103, 103], [0] * 6, keys=4),
+               LateInteractionItem([101, 2, 15, 1010, 102], [0] * 5, kept=[0, 1, 2, 4])], 12345.678),
     Done(4, [PooledVector(rng.standard_normal(384).astype(np.float32)),
              TokenVectors(rng.standard_normal((5, 8)).astype(np.float16)),
              FillMaskScores([MaskScores(1, np.array([5, 9, 2], dtype=np.int64), np.array([0.5, 0.3, 0.2])),

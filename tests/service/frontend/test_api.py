@@ -180,7 +180,8 @@ async def test_health_info_metrics_and_docs(tiny_checkpoint):
         docs = await client.get("/docs")
     assert info["config"]["hidden_size"] == 64 and info["device"] == "cpu" and info["dtype"] == "float32"
     assert info["heads"] == {"mlm": True, "nsp": True, "classifier": False, "token_classifier": False,
-                             "question_answering": False}
+                             "question_answering": False, "late_interaction": False}
+    assert info["late_interaction"] is None
     assert info["limits"]["max_batch_tokens"] == 16384 and info["limits"]["api_key"] is None
     # cpu_batch_tokens auto: 6 MiB over a 128-wide float32 feed-forward is 12,288 tokens; the power of two below
     assert info["limits"]["batch_tokens_in_force"] == 8192

@@ -133,8 +133,10 @@ async def test_checkpoint_without_heads_answers_unsupported(tmp_path, tiny_check
                      "token-classification head")
         assert_error(await client.post("/question-answering", json={"inputs": {"question": "a", "context": "b"}}), 424,
                      "unsupported", "question-answering head")
+        assert_error(await client.post("/token-vectors", json={"inputs": "a"}), 424, "unsupported", "ColBERT")
         assert (await client.get("/info")).json()["heads"] == {"mlm": False, "nsp": False, "classifier": False,
-                                                               "token_classifier": False, "question_answering": False}
+                                                               "token_classifier": False, "question_answering": False,
+                                                               "late_interaction": False}
 
 
 class GatedEngine(Engine):
