@@ -11,7 +11,8 @@ from pathlib import Path
 
 from devkit.paths import REPO_ROOT
 
-PYTHON = Path(os.environ.get("BERT_COLBERT_REFERENCE_PYTHON", REPO_ROOT / ".venv-colbert-reference" / "bin" / "python"))
+# Relative to the checkout (the Makefile passes a relative path); the driver runs in a scratch directory.
+PYTHON = REPO_ROOT / os.environ.get("BERT_COLBERT_REFERENCE_PYTHON", ".venv-colbert-reference/bin/python")
 DRIVER = REPO_ROOT / "tests" / "colbert_reference" / "drive.py"
 
 

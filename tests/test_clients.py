@@ -210,7 +210,7 @@ def test_clients_against_a_checkpoint_with_layers_stacked_for_its_heads(stacked)
 def task_heads(tiny_token_classifier, tiny_question_answerer):
     """Two live servers: a token classifier and a question answerer (BertFor... checkpoints written by transformers),
     each with two front-end processes, so the new items and results cross the engine's wire (service.messages)."""
-    servers = [start_service(checkpoint, "--api-key", KEY, "--workers", "2")
+    servers = [start_service(checkpoint, "--api-key", KEY, "--workers", "2", *FLOAT32)
                for checkpoint in (tiny_token_classifier, tiny_question_answerer)]
     yield [url for _, url in servers]
     for process, _ in servers:

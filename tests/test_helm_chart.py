@@ -372,7 +372,10 @@ def test_autoscaler_reads_what_the_adapter_serves_from_what_the_service_exports(
     rules = yaml.safe_load(ADAPTER.read_text())["rules"]["custom"]
     served = {rule["name"]["as"] for rule in rules}
     assert wanted == served == {"bert_queue_depth", "bert_queue_time_seconds"}
-    exported = Metrics().render()
+    metrics = Metrics()
+    for model in ("embedder", "reranker"):  # a served model's series exist once the model does
+        metrics.for_model(model)
+    exported = metrics.render()
     if isinstance(exported, bytes):
         exported = exported.decode()
     for rule in rules:
@@ -381,4 +384,7 @@ def test_autoscaler_reads_what_the_adapter_serves_from_what_the_service_exports(
         for name in ("bert_queue_time_seconds_sum", "bert_queue_time_seconds_count"):
             if name in rule["metricsQuery"]:
                 assert name in exported
+        # one series per model in a pod: the query must add them up to one value per pod
+        assert rule["metricsQuery"].startswith("sum("), rule["metricsQuery"]
+        assert f'\n{series}{{model="reranker"}} ' in exported, series
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 60

@@ -55,13 +55,13 @@ class AnswerAtOnce:
     def __init__(self, width: int):
         self.vector = np.random.default_rng(0).standard_normal(width).astype(np.float32) / np.sqrt(width)
 
-    async def start(self, checkpoint: Path) -> ModelFacts:
-        return ModelFacts("cpu", "float32", True, True, 0, 1024, 64)
+    async def start(self, directories: dict[str, Path]) -> list[ModelFacts]:
+        return [ModelFacts("cpu", "float32", True, True, 0, 1024, 64, name=name) for name in directories]
 
     async def loading(self) -> None:
         return
 
-    def submit(self, items, deadline):
+    def submit(self, items, deadline, model=""):
         result = asyncio.get_running_loop().create_future()
         result.set_result([PooledVector(self.vector) for _ in items])
         return Answered(result)

@@ -46,11 +46,16 @@ def test_the_key_rows_and_their_cumulative_counts():
 
 @pytest.mark.parametrize("path", ["as chosen", "one call per sequence", "padded"])
 def test_every_cpu_path_equals_the_padded_forward_with_the_mask(monkeypatch, path):
+    monkeypatch.setattr(attention, "_cpu_kernel", attention._cpu_kernel)  # restored after the test
+    if path == "as chosen":  # the C kernel where this CPU can run it, as the service installs it
+        import kernels
+
+        kernels.install()
     if path == "one call per sequence":
-        monkeypatch.setattr(attention.attention_kernel, "kernel", lambda: None)
+        monkeypatch.setattr(attention, "_cpu_kernel", lambda: None)
         monkeypatch.setattr(Packing, "attend_each_on_cpu", lambda self, hidden: True)
     if path == "padded":
-        monkeypatch.setattr(attention.attention_kernel, "kernel", lambda: None)
+        monkeypatch.setattr(attention, "_cpu_kernel", lambda: None)
         monkeypatch.setattr(Packing, "attend_each_on_cpu", lambda self, hidden: False)
     packed, reference = _packed_and_reference(random_model(300))
     torch.testing.assert_close(packed, reference, rtol=0, atol=2e-5)
@@ -82,7 +87,7 @@ def test_varlen_gets_the_keys_packed_on_their_own(monkeypatch):
 def test_int8_layers_that_restrict_keys_run_their_parts():
     """The int8 C layer attends each sequence to all of itself: with keys restricted the layer's parts run, and the
     result is the padded forward's through the same int8 layers (per-token scales: the same rows, the same steps)."""
-    from model.quantize import quantize
+    from kernels.quantize import quantize
 
     ours = quantize(random_model(300), "per-token")
     packed, reference = _packed_and_reference(ours)
