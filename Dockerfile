@@ -1,24 +1,32 @@
-# One image for the service (default) and the trainer, in two variants built from locks:
+# One image for the service (default), the trainer and the corpus job, in two variants built from locks:
 #   docker build -t bert-serve:0.1.0 .                               CUDA (GPU hosts; also runs on CPU)
 #   docker build --build-arg VARIANT=cpu -t bert-serve:0.1.0-cpu .   CPU only: PyTorch's CPU wheel, a fraction of the size
 #   docker run --gpus all -p 8000:8000 bert-serve:0.1.0             -> serves the bundled model
 #   docker run -v ckpts:/checkpoints bert-serve:0.1.0-cpu train --corpus wikitext-2 --output /checkpoints/m
 #   docker run -v cache:/cache -e HF_TOKEN -p 8000:8000 bert-serve:0.1.0-cpu serve --checkpoint org/name   (a Hub id)
+#   docker run -v data:/data bert-serve:0.1.0-cpu corpus embed /data/docs.jsonl --output /data/vectors
+# Either variant with Ray for `corpus embed --ray` and as a Ray cluster's node (the service never needs it; on the
+# CPU image it adds 0.32 GB to 1.80 GB, docs/deployment.md):
+#   docker build --build-arg VARIANT=cpu --build-arg RAY=1 -t bert-serve:0.1.0-cpu-ray .
 # The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
-# Linux x86-64) and requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index).
-# The C kernels (model/*.c: int8 products, whole int8 layers, attention; for AVX-512 CPUs) are built in a stage of
-# their own, which has a compiler, and copied into the image, which has none. model/native.py builds them with the
+# Linux x86-64), requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index) and, with
+# RAY=1, requirements/ray.txt's own pins on top.
+# The C kernels (kernels/c/*.c: int8 products, whole int8 layers, attention; for AVX-512 CPUs) are built in a stage
+# of their own, which has a compiler, and copied into the image, which has none. kernels/build.py builds them with the
 # standard library alone; where a CPU lacks their features the service uses torch's kernels instead.
 FROM python:3.11.11-slim-bookworm AS kernels
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
-COPY model/native.py model/*.c /build/
-RUN BERT_KERNEL_DIR=/opt/kernels python -S /build/native.py
+WORKDIR /build
+COPY kernels/__init__.py kernels/build.py kernels/
+COPY kernels/c/ kernels/c/
+RUN BERT_KERNEL_DIR=/opt/kernels python -S -m kernels.build
 
 FROM python:3.11.11-slim-bookworm
 
 ARG VARIANT=cuda
+ARG RAY=0
 # Where the CPU build of torch comes from. Builds on machines without that index reach pip's own
 # configuration instead (PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS as build arguments).
 ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
@@ -37,13 +45,19 @@ WORKDIR /app
 
 # Dependencies first, in their own layer (rebuilt only when a lock changes), in a virtual environment
 # that holds exactly the lock: `pip freeze` there equals it.
-COPY requirements/serve.txt requirements/image-cuda.txt requirements/
+COPY requirements/serve.txt requirements/image-cuda.txt requirements/ray.txt requirements/
 RUN python -m venv /opt/venv \
  && case "$VARIANT" in \
       cuda) pip install --no-deps -r requirements/image-cuda.txt ;; \
       cpu) pip install --no-deps ${TORCH_CPU_INDEX:+--extra-index-url "$TORCH_CPU_INDEX"} \
              -r requirements/serve.txt "torch==$(sed -n 's/^torch==//p' requirements/serve.txt)+cpu" ;; \
       *) echo "VARIANT must be cuda or cpu, not $VARIANT" >&2; exit 2 ;; \
+    esac \
+ && case "$RAY" in \
+      1) sed '/^-r /d' requirements/ray.txt > /tmp/ray-pins.txt \
+         && pip install --no-deps -r /tmp/ray-pins.txt && rm /tmp/ray-pins.txt ;; \
+      0) ;; \
+      *) echo "RAY must be 0 or 1, not $RAY" >&2; exit 2 ;; \
     esac \
  && pip check
 
@@ -53,9 +67,11 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin bert \
  && chown bert:bert /checkpoints /cache
 
 COPY model/ model/
+COPY kernels/ kernels/
 COPY --from=kernels /opt/kernels/ /opt/kernels/
 COPY trainer/ trainer/
 COPY service/ service/
+COPY corpus/ corpus/
 COPY checkpoints/ checkpoints/
 COPY docker/entrypoint.sh /usr/local/bin/bert
 

@@ -14,6 +14,10 @@ CLIENTS_STAMP := $(CLIENTS_VENV)/.clients-$(shell cat requirements/clients.txt |
 # venv: tests/test_question_answering.py drives it (requirements/qa-reference.txt).
 QA_VENV ?= .venv-qa-reference
 QA_STAMP := $(QA_VENV)/.qa-$(shell cat requirements/qa-reference.txt | cksum | cut -d' ' -f1)
+# PyLate and colbert-ai, the references for ColBERT, in their own venv (requirements/colbert-reference.txt): they need
+# transformers 4.x. tests/test_colbert_reference.py and bench/rerank drive them.
+COLBERT_VENV ?= .venv-colbert-reference
+COLBERT_STAMP := $(COLBERT_VENV)/.colbert-$(shell cat requirements/colbert-reference.txt | cksum | cut -d' ' -f1)
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
@@ -60,6 +64,11 @@ $(QA_STAMP): requirements/qa-reference.txt
 	$(QA_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps -r requirements/qa-reference.txt
 	rm -f $(QA_VENV)/.qa-* && touch $@
 
+$(COLBERT_STAMP): requirements/colbert-reference.txt
+	$(PYTHON) -m venv $(COLBERT_VENV)
+	$(COLBERT_VENV)/bin/python -m pip --disable-pip-version-check install -q --no-deps -r requirements/colbert-reference.txt
+	rm -f $(COLBERT_VENV)/.colbert-* && touch $@
+
 $(DEPLOY_STAMP): requirements/deploy-tools.txt
 	$(PYTHON) -m venv $(DEPLOY_VENV)
 	$(DEPLOY_VENV)/bin/python -m pip --disable-pip-version-check install -q --require-hashes --no-deps -r requirements/deploy-tools.txt
@@ -87,13 +96,14 @@ embed-corpus: $(SERVE_STAMP)
 	$(BIN)/python -m corpus embed "$(INPUT)" --output "$(OUTPUT)" $(ARGS)
 
 TEST_ENV = BERT_CLIENTS_PYTHON=$(CLIENTS_VENV)/bin/python BERT_DEPLOY_BIN=$(DEPLOY_VENV)/bin \
-  BERT_QA_REFERENCE_PYTHON=$(QA_VENV)/bin/python
+  BERT_QA_REFERENCE_PYTHON=$(QA_VENV)/bin/python BERT_COLBERT_REFERENCE_PYTHON=$(COLBERT_VENV)/bin/python
 
-test: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) $(QA_STAMP) browser
+test: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) $(QA_STAMP) $(COLBERT_STAMP) browser
 	$(TEST_ENV) BERT_REQUIRE_CLIENTS=1 BERT_REQUIRE_DEPLOY_TOOLS=1 BERT_REQUIRE_QA_REFERENCE=1 \
-	  BERT_REQUIRE_BROWSER=$(CAN_INSTALL_BROWSER) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	  BERT_REQUIRE_RAY=1 BERT_REQUIRE_MOTO=1 BERT_REQUIRE_COLBERT_REFERENCE=1 BERT_REQUIRE_BROWSER=$(CAN_INSTALL_BROWSER) \
+	  $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) $(QA_STAMP)
+test-slow: $(DEV_STAMP) $(CLIENTS_STAMP) $(DEPLOY_STAMP) $(QA_STAMP) $(COLBERT_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The deployment against a real Docker engine: minutes and GBs, so not part of `make test`. Pass
@@ -237,4 +247,4 @@ lock:
 	  | grep -v '^torch==' | grep -vxFf requirements/serve.txt) > requirements/dev.txt
 
 clean:
-	rm -rf $(VENV) $(CLIENTS_VENV) $(DEPLOY_VENV) $(QA_VENV) .pytest_cache
+	rm -rf $(VENV) $(CLIENTS_VENV) $(DEPLOY_VENV) $(QA_VENV) $(COLBERT_VENV) .pytest_cache

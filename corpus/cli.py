@@ -1,8 +1,10 @@
-"""`python -m corpus embed INPUT --output DIR [options]`: the flags -> JobSettings -> the job, one machine or Ray.
+"""`python -m corpus embed INPUT --output DIR|s3://... [options]`: the flags -> JobSettings -> the job, one machine or
+Ray.
 
 Exit status: 0 done (or nothing left to do), 1 the job stopped (a bad row, a vanished input, a full disk: one
 line naming the file and what to do), 2 the command cannot start (a flag's value, the checkpoint, Ray missing),
-130 interrupted. Every stop leaves the output directory resumable by the same command.
+130 interrupted. Every stop leaves the output resumable by the same command, and a run refused at its start (2)
+leaves it as it found it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def parser() -> argparse.ArgumentParser:
                                         "Run the same command again to resume a stopped job.")
     p.add_argument("input", metavar="INPUT", help="a file, a directory, a glob or an s3:// URI (JSONL, Parquet, CSV, "
                                                   "plain text one document a line; .gz/.xz/.zst compressed too)")
-    p.add_argument("--output", "-o", required=True, help="output directory (created; resumed when it holds this job)")
+    p.add_argument("--output", "-o", required=True,
+                   help="output directory, or s3://bucket/prefix (created; resumed when it holds this job)")
     read = p.add_argument_group("reading")
     read.add_argument("--format", choices=FORMATS, help="input format (default: from each file's extension)")
     read.add_argument("--text-column", help="column or JSON field holding the text (default: text)")
@@ -39,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
                        help="unit-length vectors (default: yes)")
     model.add_argument("--dimensions", type=int, help="keep the first N dimensions (Matryoshka), then normalize")
     model.add_argument("--dtype", choices=DTYPES, default="auto",
-                       help="what the engine computes in: auto = float32 on CPU, bfloat16 on a GPU; int8 on CPU is "
+                       help="what the engine computes in: auto = as the service's --dtype auto (bfloat16 on a GPU; "
+                            "on a CPU bfloat16 where native and faithful to float32, else float32); int8 on CPU is "
                             "the fastest there")
     model.add_argument("--truncate", action="store_true",
                        help="cut documents longer than the model takes (default: such a document is a bad row)")
@@ -104,6 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted: run the same command again to resume into {args.output}", file=sys.stderr)
         return 130
-    if summary is not None and (summary.rows or summary.rejects):
+    if summary is not None and summary.rows:
         print(summary.line())
     return 0

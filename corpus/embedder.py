@@ -1,21 +1,18 @@
 """The service's engine as a library: token ids in, pooled vectors out, with no HTTP, queue or deadline between.
 
-The same start-up as the engine process (`service.engine.loader`): the checkpoint from a directory or the Hub
-(`model.hub`), the precision for the device (`service.engine.precision`), one batch per half of the CPU's cores
-(`plan_compute`, what the in-process limit in bench/serving finds fastest on a CPU), the CPU's token budget from
-the model's width, CUDA graphs on a GPU. Batches are packed as the service's packer packs them (similar lengths
-together, at most `batch_tokens` padded tokens and `batch_size` sequences), and each vector is what /embed answers
-for the same text: the engine's pooling and normalization, then `dimensions` cut and normalized again as
-`service.frontend.frontdoor._shorten` does.
+The engine starts as the service's does (`service.engine.loader.start_engine`, from `JobSettings.engine_options`:
+the checkpoint from a directory or the Hub, the precision for this host, the CPU's token budget from the model's
+width, CUDA graphs on a GPU) and runs its batches through the service's own `Batcher` (`service.engine.in_order`):
+similar lengths together under the token budget, one batch per runner on a CPU's halves, the next batch launched
+before the last is read on a GPU. Each vector is what /embed answers for the same text: the engine's pooling and
+normalization, then `dimensions` cut and normalized again (`model.pooling.shorten`, as the service does).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +20,7 @@ import numpy as np
 from corpus.settings import JobSettings, SettingsError
 
 log = logging.getLogger("corpus")
-BatchDone = Callable[[int, int], None]  # (sequences, tokens) of a batch just computed
+BatchDone = Callable[[int, int], None]  # (sequences, tokens) of the inputs just computed
 
 
 def resolve_source(settings: JobSettings):
@@ -44,167 +41,119 @@ def checkpoint_identity(source) -> dict:
             "weights_sha256": weights_hash(Path(source.path))}
 
 
-def job_identity(settings: JobSettings, source) -> dict:
+def job_identity(settings: JobSettings, source, dtype: str | None = None) -> dict:
     """settings.identity() with the pooling the checkpoint's recipe gives when --pooling is left out, --dtype auto
-    resolved for this machine, and without the checkpoint's name (the model is compared by checkpoint_identity)."""
+    resolved (`dtype`: as the machine that runs the engine resolved it, a Ray worker's device not being the
+    driver's; None: this machine, for this model: resolved_dtype), for int8 the kernels' path
+    (`kernels.int8_path_identity`), and without the checkpoint's name (the model is compared by
+    checkpoint_identity)."""
     from model.pooling import read_pooling
 
     identity = settings.identity()
     identity.pop("checkpoint", None)
     identity["pooling"] = settings.pooling or read_pooling(Path(source.path)).mode
-    identity["dtype"] = resolved_dtype(settings.dtype)
+    identity["dtype"] = dtype or resolved_dtype(settings, source)
+    if identity["dtype"] == "int8":  # int8's bits depend on the kernels this host runs: no two kinds in one output
+        from kernels import int8_path_identity
+
+        identity["int8_path"] = int8_path_identity()
     return identity
 
 
-def resolved_dtype(choice: str) -> str:
-    """--dtype auto as this machine resolves it (float32 on a CPU, bfloat16 or float16 on a GPU): a job resumed on
-    another kind of machine must not mix the two precisions in one output."""
-    if choice != "auto":
-        return choice
-    import torch
-
+def resolved_dtype(settings: JobSettings, source) -> str:
+    """--dtype as this machine resolves it for this model (`--dtype auto`: start_engine's own rule, the bfloat16
+    probe on a CPU included). The job's identity records it, and the engines compute in it, so that a job resumed on
+    another kind of machine, or a Ray cluster of mixed hosts, never mixes two precisions in one output."""
+    if settings.dtype != "auto":
+        return settings.dtype
     from model.device import pick_device
+    from service.engine.precision import choose
 
-    if pick_device("auto").type != "cuda":
-        return "float32"
-    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    device = pick_device("auto")
+    if device.type != "cpu":
+        return choose("auto", device).name
+    from model.checkpoint import load_checkpoint
+    from service.engine.precision_probe import choose_auto_on_cpu
+
+    return choose_auto_on_cpu(load_checkpoint(source.path, device="cpu")).name
 
 
 class Embedder:
+    """One engine and its batcher for the job's whole run (on Ray: for one actor's)."""
+
     def __init__(self, settings: JobSettings, source=None):
-        from model.checkpoint import load_checkpoint
-        from model.device import keep_freed_memory, pick_device
-        from service.engine.batch_size import batch_tokens_for_width
-        from service.engine.loader import AUTO_BATCH_SIZE_CPU, AUTO_BATCH_SIZE_GPU, build_engine, capture_graphs, \
-            plan_compute
-        from service.engine.precision import choose
-        import torch
+        from model.checkpoint_files import load_checkpoint_files
+        from service.engine.batcher import Batcher
+        from service.engine.loader import StartupError, start_engine
+        from service.metrics import Metrics
 
         self.source = source or resolve_source(settings)
-        device = pick_device("auto")
-        self.precision = choose(settings.dtype, device)  # PrecisionError: says what to ask for instead
-        if device.type == "cpu":
-            keep_freed_memory()  # as the service does by default (cpu_keep_freed_memory)
-        checkpoint = load_checkpoint(self.source.path, device="cpu")
-        self.tokenizer = checkpoint.tokenizer
-        self.engine = build_engine(checkpoint, device, self.precision)
-        config = checkpoint.config
-        self.width = config.hidden_size
-        if settings.dimensions is not None and settings.dimensions > self.width:
-            raise SettingsError(f"--dimensions must be between 1 and this model's width {self.width}, "
-                                f"got {settings.dimensions}")
-        if settings.max_batch_tokens < self.tokenizer.model_max_length:
-            raise SettingsError(f"--max-batch-tokens ({settings.max_batch_tokens}) is below the model's maximum "
-                                f"input length ({self.tokenizer.model_max_length})")
+        files = load_checkpoint_files(self.source.path)  # what the checks below need, before the weights load
+        self.tokenizer = files.tokenizer
+        self.width = files.config.hidden_size
+        check_against_model(settings, files)
         self.dimensions = settings.dimensions or self.width
-        self.shortened = self.dimensions < self.width
         self.normalize = settings.normalize
-        self.pooling = settings.pooling or checkpoint.pooling.mode  # /embed pools as the checkpoint's recipe says
-        prompts = dict(checkpoint.pooling.prompts)
-        self.prompt = prompts.get(checkpoint.pooling.default_prompt_name, "")  # /embed's default prompt
-        if settings.chunk_tokens is not None:
-            from corpus.tokens import prompt_pieces
-
-            longest = settings.chunk_tokens + 2 + len(prompt_pieces(self.tokenizer, self.prompt))
-            if longest > self.tokenizer.model_max_length:
-                raise SettingsError(f"--chunk-tokens {settings.chunk_tokens} makes sequences of {longest} tokens "
-                                    f"([CLS], [SEP] and the model's prompt around it); the model takes at most "
-                                    f"{self.tokenizer.model_max_length}")
-        self.runners = plan_compute(0, device)  # on CPU: sets torch's threads per runner
-        if device.type == "cpu":
-            element_bytes = torch.empty((), dtype=self.precision.dtype).element_size()
-            self.batch_tokens = batch_tokens_for_width(config.intermediate_size, element_bytes,
-                                                       settings.max_batch_tokens)
-            self.batch_size = AUTO_BATCH_SIZE_CPU
-        else:
-            self.batch_tokens, self.batch_size = settings.max_batch_tokens, AUTO_BATCH_SIZE_GPU
-        self.batch_tokens = max(self.batch_tokens, self.tokenizer.model_max_length)
-        tok = self.tokenizer
-        self.engine.warm_up(tok.cls_id, tok.sep_id, tok.mask_id)
-        self.cuda_graphs = capture_graphs(self.engine, self.batch_tokens, self.batch_size, self.runners)
-        self._pool = ThreadPoolExecutor(self.runners, thread_name_prefix="corpus-engine") if self.runners > 1 else None
-        log.info("engine: %s, %s, %d batch(es) at once, %d tokens per batch, CUDA graphs: %s", device,
-                 self.precision.name, self.runners, self.batch_tokens, self.cuda_graphs or "off")
+        self.pooling = settings.pooling or files.pooling.mode  # /embed pools as the checkpoint's recipe says
+        self.prompt = dict(files.pooling.prompts).get(files.pooling.default_prompt_name, "")  # /embed's default
+        try:
+            self.started = start_engine(settings.engine_options(str(self.source.path)))
+        except StartupError as exc:
+            raise SettingsError(str(exc)) from None
+        self.precision = self.started.precision
+        # The queue holds the few tickets compute_in_order keeps in it; nothing waits with a deadline.
+        self.batcher = Batcher(self.started.engine, self.started.batch_policy(max_queue_items=1 << 30), Metrics())
+        self.batcher.start()
 
     def model_identity(self) -> dict:
         return checkpoint_identity(self.source)
 
-    # ---- tokens -> vectors ---------------------------------------------------------------------
-
-    def pack(self, lengths: list[int]) -> list[list[int]]:
-        """Indices into `lengths`, in batches: sorted by length, then greedily filled while the padded size
-        (longest x count) stays within the token budget and the count within the batch size, as the packer."""
-        order = sorted(range(len(lengths)), key=lengths.__getitem__)
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for index in order:
-            if current and (lengths[index] * (len(current) + 1) > self.batch_tokens
-                            or len(current) >= self.batch_size):
-                batches.append(current)
-                current = []
-            current.append(index)
-        if current:
-            batches.append(current)
-        return batches
-
     def embed(self, token_ids: list[list[int]], on_batch: BatchDone | None = None) -> np.ndarray:
         """(len(token_ids), dimensions) float32 vectors, in input order. Each entry is a sequence with its
-        [CLS]/[SEP], at most the model's length. `on_batch` hears of each batch as it finishes."""
+        [CLS]/[SEP], at most the model's length. `on_batch` hears of the inputs as they are computed."""
+        from model.matryoshka import shorten
+        from service.engine.in_order import ItemsFailed, compute_in_order
         from service.tasks import EncodeItem
 
-        vectors = np.empty((len(token_ids), self.dimensions), dtype=np.float32)
         if not token_ids:
-            return vectors
-        normalize_in_engine = self.normalize and not self.shortened
-        items = [EncodeItem(ids, [0] * len(ids), pooling=self.pooling, normalize=normalize_in_engine)
-                 for ids in token_ids]
-        batches = self.pack([len(ids) for ids in token_ids])
-
-        def store(indices: list[int], results) -> None:
-            for index, result in zip(indices, results):
-                vectors[index] = result.vector[: self.dimensions]
-            if on_batch is not None:
-                on_batch(len(indices), sum(len(token_ids[i]) for i in indices))
-
-        if self._pool is None:
-            self._run_in_order(items, batches, store)
-        else:  # one batch per runner at a time, each on its share of the cores; the next batch to whoever is free
-            taking = threading.Lock()
-            pending = iter(batches)
-
-            def runner() -> None:
-                while True:
-                    with taking:
-                        indices = next(pending, None)
-                    if indices is None:
-                        return
-                    store(indices, self.engine.run(self.engine.collate([items[i] for i in indices])))
-            for future in [self._pool.submit(runner) for _ in range(self.runners)]:
-                future.result()
-        if self.shortened and self.normalize:  # as _shorten: the cut vector over its own length
-            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors /= np.maximum(norms, 1e-12)
+            return np.empty((0, self.dimensions), dtype=np.float32)
+        shortened = self.dimensions < self.width
+        normalize_in_engine = self.normalize and not shortened
+        # Shortest first: each batch then holds like lengths, as the service's batcher would pick from a long queue.
+        order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
+        items = [EncodeItem(token_ids[i], [0] * len(token_ids[i]), pooling=self.pooling,
+                            normalize=normalize_in_engine) for i in order]
+        heard = None if on_batch is None else (lambda done: on_batch(len(done), sum(len(i) for i in done)))
+        try:
+            results = compute_in_order(self.batcher, items, on_returned=heard)
+        except ItemsFailed as exc:
+            raise RuntimeError(f"the engine failed on a batch of this job: {exc}") from None
+        vectors = np.empty((len(token_ids), self.width), dtype=np.float32)
+        vectors[order] = np.stack([result.vector for result in results])
+        if shortened:
+            vectors = shorten(vectors, self.dimensions, self.normalize)
         return vectors
 
-    def _run_in_order(self, items, batches: list[list[int]], store) -> None:
-        """One runner; on a GPU the next batch is launched before the last one's results are read, as the service."""
-        engine = self.engine
-        if not engine.overlaps:
-            for indices in batches:
-                store(indices, engine.run(engine.collate([items[i] for i in indices])))
-            return
-        in_flight = None  # (indices, launched batch)
-        for indices in batches:
-            launched = (indices, engine.launch(engine.collate([items[i] for i in indices])))
-            if in_flight is not None:
-                store(in_flight[0], engine.finish(in_flight[1]))
-            in_flight = launched
-        if in_flight is not None:
-            store(in_flight[0], engine.finish(in_flight[1]))
-
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        self.batcher.stop()
+
+
+def check_against_model(settings: JobSettings, files) -> None:
+    """The options whose limits are the model's: refused here, before the engine starts or anything is written."""
+    width, longest = files.config.hidden_size, files.tokenizer.model_max_length
+    if settings.dimensions is not None and settings.dimensions > width:
+        raise SettingsError(f"--dimensions must be between 1 and this model's width {width}, got {settings.dimensions}")
+    if settings.max_batch_tokens < longest:
+        raise SettingsError(f"--max-batch-tokens ({settings.max_batch_tokens}) is below the model's maximum input "
+                            f"length ({longest})")
+    if settings.chunk_tokens is not None:
+        from corpus.tokens import prompt_pieces
+
+        prompt = dict(files.pooling.prompts).get(files.pooling.default_prompt_name, "")
+        sequence = settings.chunk_tokens + 2 + len(prompt_pieces(files.tokenizer, prompt))
+        if sequence > longest:
+            raise SettingsError(f"--chunk-tokens {settings.chunk_tokens} makes sequences of {sequence} tokens ([CLS], "
+                                f"[SEP] and the model's prompt around it); the model takes at most {longest}")
 
 
 def weights_hash(directory: Path) -> str:

@@ -1,8 +1,11 @@
 """How far a job has come: a bar redrawn in place on a terminal, a plain line now and then in a log, and a summary.
 
+Both count the plan's rows, the measure the plan is cut in and whose total is known before any is read: every line
+of a line-format file (JSONL, text, CSV), blank lines included, and every Parquet row. The summary then says what
+those rows held: documents embedded, rows rejected, and the vectors written (one per document, or one per chunk).
 Rates are counted from this run's start over what this run did (a resumed job's earlier rows count in done/total,
 not in rows/s); the ETA is the rows left at that rate. Rows count as the engine finishes their batches, not only
-when their shard is written, so that a job of one large shard still moves (with chunks, vectors are turned into
+when their shard is written, so that a job of one large shard still moves (the vectors computed are turned into
 rows at the ratio the shards written so far show).
 """
 
@@ -19,13 +22,14 @@ BAR_WIDTH = 28
 
 @dataclass
 class Summary:
-    rows: int  # input rows embedded by this run
-    chunks: int  # output rows written by this run (one per chunk when chunking, else one per row)
+    rows: int  # the plan's rows this run read (blank lines included): what the progress counts
+    documents: int  # input rows embedded by this run (each gives one or more vectors)
+    vectors: int  # output rows written by this run (one per chunk when chunking, else one per document)
     rejects: int  # input rows refused by this run (--on-error skip)
     tokens: int
     seconds: float
     shards: int  # shards written by this run
-    already_done: int  # input rows done by earlier runs
+    already_done: int  # the plan's rows done by earlier runs
     start_seconds: float = 0.0  # before the first row: loading the model (not in `seconds`, nor in the rates)
 
     @property
@@ -33,9 +37,11 @@ class Summary:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
 
     def line(self) -> str:
-        text = (f"done: {self.rows} rows -> {self.chunks} vectors in {self.shards} shards, {self.rejects} rejected, "
-                f"{self.tokens} tokens in {self.seconds:.1f} s ({self.rows_per_s:.1f} rows/s, "
-                f"{self.tokens / self.seconds if self.seconds > 0 else 0:.0f} tokens/s)")
+        shards = f"{self.shards} shard{'' if self.shards == 1 else 's'}"
+        text = (f"done: {self.rows} rows read, {self.documents} documents embedded ({self.rejects} rejected) -> "
+                f"{self.vectors} vectors in {shards}, {self.tokens} tokens in {self.seconds:.1f} s "
+                f"({self.rows_per_s:.1f} rows/s, {self.tokens / self.seconds if self.seconds > 0 else 0:.0f} "
+                f"tokens/s)")
         text += f", after {self.start_seconds:.1f} s loading the model" if self.start_seconds else ""
         return text + (f"; {self.already_done} rows were done by an earlier run" if self.already_done else "")
 
@@ -48,7 +54,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.on_terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.total_rows, self.done_before = total_rows, done_rows
-        self.planned = self.rows = self.chunks = self.rejects = self.tokens = self.shards = 0
+        self.rows = self.documents = self.vectors = self.rejects = self.tokens = self.shards = 0
         self.computed_vectors = 0  # by the engine, written or not
         self.started = time.monotonic()
         self._every = redraw_every_s if self.on_terminal else log_every_s
@@ -70,13 +76,13 @@ class Progress:
             self.computed_vectors += vectors
             self._maybe_show()
 
-    def written(self, planned: int, rows: int, vectors: int, rejects: int) -> None:
-        """A unit's shard is on disk: `planned` rows of the plan (blank lines among them) gave `rows` embedded input
-        rows (`vectors` output rows) and `rejects` rejected ones."""
+    def written(self, rows: int, documents: int, vectors: int, rejects: int) -> None:
+        """A unit's shard is committed: its `rows` of the plan (blank lines among them) held `documents` embedded
+        (giving `vectors` output rows) and `rejects` rejected ones."""
         with self._lock:
-            self.planned += planned
             self.rows += rows
-            self.chunks += vectors
+            self.documents += documents
+            self.vectors += vectors
             self.rejects += rejects
             self.shards += 1
             self._maybe_show(force=not self.on_terminal and self.shards == 1)
@@ -89,10 +95,10 @@ class Progress:
 
     def _show(self, now: float) -> None:
         elapsed = max(now - self.started, 1e-9)
-        vectors_per_row = self.chunks / self.rows if self.rows else 1.0
-        # rows the engine has computed whose shard is not on disk yet
-        unwritten = max(self.computed_vectors - self.chunks, 0) / vectors_per_row
-        this_run = min(self.planned + unwritten, self.total_rows - self.done_before)
+        rows_per_vector = self.rows / self.vectors if self.vectors else 1.0
+        # rows the engine has computed whose shard is not committed yet
+        unwritten = max(self.computed_vectors - self.vectors, 0) * rows_per_vector
+        this_run = min(self.rows + unwritten, self.total_rows - self.done_before)
         done = int(self.done_before + this_run)
         rate = this_run / elapsed
         left = max(self.total_rows - done, 0)
@@ -113,8 +119,8 @@ class Progress:
                 self._show(time.monotonic())
                 self.stream.write("\n")
                 self.stream.flush()
-            return Summary(self.rows, self.chunks, self.rejects, self.tokens, time.monotonic() - self.started,
-                           self.shards, self.done_before, self.start_seconds)
+            return Summary(self.rows, self.documents, self.vectors, self.rejects, self.tokens,
+                           time.monotonic() - self.started, self.shards, self.done_before, self.start_seconds)
 
 
 def _duration(seconds: float) -> str:

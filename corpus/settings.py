@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from service.engine.options import EngineOptions
 from service.settings import DEFAULT_CHECKPOINT
 
 POOLINGS = ("mean", "cls")
@@ -33,7 +34,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class JobSettings:
     input: str  # a file, a directory, a glob or an s3:// URI (corpus.inputs)
-    output: str  # the output directory: manifest.json, shards/, rejects/
+    output: str  # a directory or an object-store prefix (s3://...): manifest.json, shards/, rejects/ (corpus.output)
     checkpoint: str = str(DEFAULT_CHECKPOINT)  # a directory or a Hub id org/name[@revision], as the service's
     text_column: str | None = None  # JSONL/Parquet/CSV: the column holding the text (None: "text")
     id_column: str | None = None  # None: ids made from the file and the line
@@ -89,6 +90,11 @@ class JobSettings:
     @property
     def on_ray(self) -> bool:
         return self.ray or self.ray_address is not None
+
+    def engine_options(self, checkpoint: str) -> EngineOptions:
+        """How the job's engine starts (service.engine.loader.start_engine) from `checkpoint`, the resolved
+        directory: as the service's with its defaults, but for the options the job has flags for."""
+        return EngineOptions(checkpoint, dtype=self.dtype, max_batch_tokens=self.max_batch_tokens)
 
     def identity(self) -> dict:
         """The options a resume must share with the run that made the output directory (see the module's doc)."""

@@ -22,7 +22,7 @@ class Tokenized:
     ids: list[str]  # each output row's id (with chunks: its document's id)
     token_ids: list[list[int]]  # each output row's sequence, [CLS] ... [SEP]
     tokens: list[int]  # len(token_ids[i])
-    chunks: tuple[list[int], list[int], list[int]] | None  # (chunk index, char_start, char_end) per output row
+    spans: tuple[list[int], list[int], list[int]] | None  # chunked: (chunk index, char_start, char_end) per output row
     rejects: list[Rejected]
     documents: int  # input rows embedded (each gives one or more output rows)
 

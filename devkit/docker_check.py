@@ -10,8 +10,13 @@
    process inside a replica; each --drills times, every request counted): nothing may be lost, and each
    replica must do what docs/processes.md says (its facts' "ok").
 4. Cold start of the CPU image with the Kubernetes chart's pod security, float32 and int8 (devkit/cold_start.py).
+5. The corpus job in the CPU image and its Ray variant: alone, with --ray, to an S3-compatible server, and on the
+   compose profile's two-container Ray cluster (devkit/corpus_drill.py); `--corpus-only` builds those two images
+   and runs this part alone.
+Right after the build: the CPU image's C kernels, loaded from where its build stage put them (the image has no
+compiler), under the chart's pod security; `--image-only` stops there.
 
-    python -m devkit.docker_check [--cuda] [--drills 3] [--build-arg NAME=VALUE ...]
+    python -m devkit.docker_check [--cuda] [--image-only | --corpus-only] [--drills 3] [--build-arg NAME=VALUE ...]
 
 Build arguments pass through to `docker build` (on machines whose package index is not PyPI:
 PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_TRUSTED_HOST, TORCH_CPU_INDEX).
@@ -29,11 +34,11 @@ import time
 
 import httpx
 
-from devkit import cold_start, fault_drills
+from devkit import cold_start, corpus_drill, fault_drills
 from devkit.paths import REPO_ROOT
 
 CPU_COMPOSE = ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml"]
-IMAGES = {"cpu": "bert-serve:0.1.0-cpu", "cuda": "bert-serve:0.1.0"}
+IMAGES = {"cpu": "bert-serve:0.1.0-cpu", "cuda": "bert-serve:0.1.0", "cpu-ray": "bert-serve:0.1.0-cpu-ray"}
 
 
 def sh(*command: str, check: bool = True, capture: bool = True) -> str:
@@ -43,16 +48,24 @@ def sh(*command: str, check: bool = True, capture: bool = True) -> str:
     return done.stdout if capture else ""
 
 
+def pins(lock_file: str) -> list[str]:
+    return [line for line in (REPO_ROOT / lock_file).read_text().splitlines()
+            if line and not line.startswith(("#", "-r "))]
+
+
 def build(variant: str, build_args: list[str]) -> dict:
-    args = [f"--build-arg=VARIANT={variant}"] + [f"--build-arg={a}" for a in build_args]
+    """`variant` is cpu, cuda or cpu-ray (the CPU image built with RAY=1)."""
+    base, ray = variant.removesuffix("-ray"), variant.endswith("-ray")
+    args = [f"--build-arg=VARIANT={base}", f"--build-arg=RAY={int(ray)}"] + [f"--build-arg={a}" for a in build_args]
     started = time.perf_counter()
     sh("docker", "build", "--network", "host", *args, "-t", IMAGES[variant], ".", capture=False)
     size = int(sh("docker", "image", "inspect", "-f", "{{.Size}}", IMAGES[variant]).strip())
     frozen = sh("docker", "run", "--rm", "--entrypoint", "pip", IMAGES[variant], "freeze", "--all", "--exclude", "pip")
-    lock_file = "requirements/serve.txt" if variant == "cpu" else "requirements/image-cuda.txt"
-    lock = [line for line in (REPO_ROOT / lock_file).read_text().splitlines() if line and not line.startswith("#")]
-    if variant == "cpu":  # the CPU image installs the same torch release from PyTorch's CPU index
+    lock = pins("requirements/serve.txt" if base == "cpu" else "requirements/image-cuda.txt")
+    if base == "cpu":  # the CPU image installs the same torch release from PyTorch's CPU index
         lock = [re.sub(r"^torch==([^+]+)$", r"torch==\1+cpu", line) for line in lock]
+    if ray:  # pip freeze names an extra's package without the extra
+        lock += [re.sub(r"\[[^]]*\]", "", line) for line in pins("requirements/ray.txt")]
     installed = set(frozen.split())
     return {"image": IMAGES[variant], "size_gb": round(size / 1e9, 2), "build_s": round(time.perf_counter() - started),
             "packages": len(installed), "freeze_equals_lock": installed == set(lock),
@@ -138,6 +151,28 @@ def compose_scale() -> dict:
         sh(*scale, "down", "-v")
 
 
+# Run inside the image: what its int8 layers run, and where its C kernels came from.
+KERNELS_PROBE = """
+import json
+from kernels import build, int8_path
+path = int8_path.describe()
+built = {str(d): sorted(p.name for p in d.glob("*.so")) for d in build.kernel_directories() if d.is_dir()}
+print(json.dumps({"int8_path": path, "identity": int8_path.int8_path_identity(), "built": built}))
+"""
+
+
+def kernels_in_image(image: str) -> dict:
+    """The image's kernels, with the chart's pod security: all three prebuilt in /opt/kernels, none built at start
+    (there is no compiler to build them), and each int8 layer one C call where the CPU has the features."""
+    found = json.loads(sh("docker", "run", "--rm", *cold_start.POD_SECURITY, "--entrypoint", "python", image, "-c",
+                          KERNELS_PROBE).strip().splitlines()[-1])
+    prebuilt = sorted(name.split("-")[0] for name in found["built"].pop("/opt/kernels", []))
+    runs = found["int8_path"] == "each layer in one C call" or "this CPU lacks" in found["int8_path"]
+    found["ok"] = prebuilt == ["attention", "int8_layer", "int8_products"] and \
+        not any(found["built"].values()) and runs
+    return found
+
+
 def _requests_served(container: str) -> int:
     """POST /encode requests a replica answered 200, from its own /metrics."""
     metrics = sh("docker", "exec", container, "python", "-c",
@@ -151,24 +186,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda", action="store_true", help="also build the CUDA image (downloads ~5 GB)")
     parser.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--drills", type=int, default=3, help="times each fault drill is repeated")
+    parser.add_argument("--corpus-only", action="store_true",
+                        help="build the CPU image and its Ray variant, and run the corpus drill only")
+    parser.add_argument("--image-only", action="store_true", help="build the images and check their kernels only")
     args = parser.parse_args(argv)
-    report = {"images": [build("cpu", args.build_arg)] + ([build("cuda", args.build_arg)] if args.cuda else [])}
+    if args.corpus_only:
+        report = {"images": [build("cpu", args.build_arg), build("cpu-ray", args.build_arg)],
+                  "corpus": corpus_drill.run()}
+        print(json.dumps(report, indent=1))
+        ok = all(i["freeze_equals_lock"] for i in report["images"]) and report["corpus"]["ok"]
+        print("test-docker (corpus):", "passed" if ok else "FAILED")
+        return 0 if ok else 1
+    report = {"images": [build("cpu", args.build_arg), build("cpu-ray", args.build_arg)]
+              + ([build("cuda", args.build_arg)] if args.cuda else [])}
+    report["kernels_cpu"] = kernels_in_image(IMAGES["cpu"])
+    if args.image_only:
+        print(json.dumps(report, indent=1))
+        ok = all(i["freeze_equals_lock"] for i in report["images"]) and report["kernels_cpu"]["ok"]
+        print("test-docker (images):", "passed" if ok else "FAILED")
+        return 0 if ok else 1
     report["compose_cpu"] = compose_single()
     report["compose_scale_cpu"] = compose_scale()
     drills = fault_drills.run_drills(args.drills)
     report["fault_drills"] = [vars(d) for d in drills]
     report["cold_start"] = cold_start.measure(runs=3)
+    report["corpus"] = corpus_drill.run()
     print(json.dumps(report, indent=1))
     print(fault_drills.table(drills))
     images_ok = all(i["freeze_equals_lock"] for i in report["images"])
     single = report["compose_cpu"]
     stop = single["stop_under_load"]
     answered = stop["server_answered_of_accepted"]
-    ok = (images_ok and set(single["routes"].values()) - {single["routes"]["fill_mask_top"]} == {200}
+    ok = (images_ok and report["kernels_cpu"]["ok"]
+          and set(single["routes"].values()) - {single["routes"]["fill_mask_top"]} == {200}
           and single["docker_health"] == "healthy" and stop["exit_code"] == 0 and answered and answered[0] == answered[1]
           and fault_drills.passed(drills)
           and all(n > 0 for n in report["compose_scale_cpu"]["scaled_to_4"]["requests_served_by_new"])
-          and "api" not in report["compose_scale_cpu"]["services"])
+          and "api" not in report["compose_scale_cpu"]["services"] and report["corpus"]["ok"])
     print("test-docker:", "passed" if ok else "FAILED")
     return 0 if ok else 1
 

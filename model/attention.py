@@ -4,9 +4,10 @@ their own. The padded path (one SDPA call over the (B, T) layout with a key mask
 - CUDA, bfloat16/float16, PyTorch >= 2.10: `torch.nn.attention.varlen.varlen_attn`, FlashAttention over the
   packed sequences with their cumulative lengths. No padding, no mask: one 300-piece sentence no longer pads
   60 short ones, so the batcher may mix lengths freely (`attention_pads` is False).
-- CPU at inference: the C kernel of `model.attention_kernel` (AVX-512 CPUs) for every sequence of at most its
-  MAX_LENGTH tokens, all in one call; then one SDPA call per longer sequence when that costs less than one padded
-  call (Packing.attend_each_on_cpu).
+- CPU at inference: a kernel for short sequences where one is installed (`use_cpu_kernel`; the `kernels` package
+  has one in C for AVX-512 CPUs) for every sequence of at most its `max_length` tokens, all in one call; then one
+  SDPA call per longer sequence when that costs less than one padded call (Packing.attend_each_on_cpu). The network
+  itself computes with torch alone, and knows no kernel package.
 - Elsewhere (float32 on CUDA, older torch, training with attention dropout): the padded call. Padding costs
   attention work there, and the batcher's padding cap (max_padding_fraction) keeps long and short apart.
 
@@ -15,10 +16,12 @@ Shapes: N packed tokens, H hidden size, nh heads, hd head size, L one sequence's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 
-from model import attention_kernel
 from model.packing import Packing
 
 try:  # PyTorch >= 2.10
@@ -29,6 +32,38 @@ except ImportError:  # older torch: the padded path everywhere on CUDA
 # FlashAttention computes in half precision only, on head sizes that are multiples of 8 up to 256.
 VARLEN_DTYPES = (torch.bfloat16, torch.float16)
 VARLEN_MAX_HEAD_DIM = 256
+
+
+class ShortSequenceKernel(Protocol):
+    """Attention of short packed sequences on a CPU, in one call for the whole batch."""
+
+    max_length: int  # the longest sequence it takes
+
+    def fits(self, head_dim: int) -> bool: ...
+
+    def attend(self, qkv: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int, num_heads: int,
+               head_dim: int, out: torch.Tensor) -> None:
+        """Each sequence's (rows starts[i] .. starts[i] + lengths[i] - 1 of the packed (N, 3H) float32 qkv)
+        attention to itself alone, into the same rows of out (N, H)."""
+
+
+def _no_kernel() -> ShortSequenceKernel | None:
+    return None
+
+
+_cpu_kernel: Callable[[], ShortSequenceKernel | None] = _no_kernel
+
+
+def use_cpu_kernel(provider: Callable[[], ShortSequenceKernel | None] | None) -> None:
+    """Install `provider` (called at each packed batch on a CPU; it gives the kernel, or None where it cannot run),
+    or remove it (None)."""
+    global _cpu_kernel
+    _cpu_kernel = provider or _no_kernel
+
+
+def cpu_kernel() -> ShortSequenceKernel | None:
+    """The installed CPU attention kernel, where one is installed and can run here."""
+    return _cpu_kernel()
 
 
 def runs_varlen(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
@@ -45,12 +80,16 @@ def attention_pads(device: torch.device, dtype: torch.dtype, head_dim: int = 64)
 
 
 def attend_varlen(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int) -> torch.Tensor:
-    """Packed (N, 3H) query | key | value -> (N, H), each sequence attending to itself alone."""
+    """Packed (N, 3H) query | key | value -> (N, H), each sequence attending to itself alone (to its first
+    `key_lengths` tokens where the packing restricts them)."""
     tokens = qkv.shape[0]
     # Three strided (N, nh, hd) views, no copies: FlashAttention needs only the last dimension contiguous.
     q, k, v = qkv.view(tokens, 3, num_heads, head_dim).unbind(1)
+    cu_keys, most_keys = packing.cu_seqlens, packing.max_length
+    if packing.key_lengths is not None:  # the keys of each sequence, packed on their own
+        k, v, cu_keys, most_keys = k[packing.key_rows], v[packing.key_rows], packing.cu_keys, max(packing.key_lengths)
     # Positional arguments only: 2.10 has `is_causal` after max_k, 2.11+ keyword-only options.
-    out = varlen_attn(q, k, v, packing.cu_seqlens, packing.cu_seqlens, packing.max_length, packing.max_length)
+    out = varlen_attn(q, k, v, packing.cu_seqlens, cu_keys, packing.max_length, most_keys)
     return out.reshape(tokens, num_heads * head_dim)
 
 
@@ -60,15 +99,16 @@ def attend_on_cpu(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim:
     if qkv.device.type != "cpu":
         return None
     # The kernel has no backward: a caller asking for gradients gets torch's attention.
-    kernel = attention_kernel.kernel() if attention_kernel.Kernel.fits(head_dim) and not qkv.requires_grad else None
-    if (kernel is not None and packing.max_length <= attention_kernel.MAX_LENGTH) or \
+    kernel = None if qkv.requires_grad else cpu_kernel()
+    kernel = kernel if kernel is not None and kernel.fits(head_dim) else None
+    if (kernel is not None and packing.max_length <= kernel.max_length) or \
             packing.attend_each_on_cpu(num_heads * head_dim):
         return attend_each(qkv, packing, num_heads, head_dim, kernel)
     return None
 
 
 def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: int,
-                kernel: attention_kernel.Kernel | None = None) -> torch.Tensor:
+                kernel: ShortSequenceKernel | None = None) -> torch.Tensor:
     """Packed (N, 3H) query | key | value -> (N, H), one attention call per sequence, unpadded.
 
     On CPU, padded attention costs B * T^2 where the sequences need only the sum of their L^2: for 20
@@ -81,20 +121,23 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
     dtype = qkv.dtype
     qkv = qkv.float()
     out = qkv.new_empty(qkv.shape[0], hidden)
-    spans = packing.spans
+    keys = packing.key_lengths or tuple(length for _, length in packing.spans)
+    spans = [(start, length, attended) for (start, length), attended in zip(packing.spans, keys)]
     if kernel is not None:  # the short sequences in one kernel call, torch the rest
-        if packing.max_length <= attention_kernel.MAX_LENGTH:  # all of them: the packing's own index tensors
-            starts, lengths, longest, spans = packing.starts, packing.lengths, packing.max_length, ()
-        else:
-            short = [(start, length) for start, length in spans if length <= attention_kernel.MAX_LENGTH]
+        if packing.max_length <= kernel.max_length and packing.key_lengths is None:
+            starts, lengths, longest, spans = packing.starts, packing.lengths, packing.max_length, ()  # all of them
+        else:  # the kernel attends each sequence to all of itself: those that restrict their keys go to torch
+            short = [(start, length) for start, length, attended in spans
+                     if length <= kernel.max_length and attended == length]
             starts, lengths = torch.tensor([start for start, _ in short]), torch.tensor([n for _, n in short])
             longest = max((n for _, n in short), default=0)
-            spans = [(start, length) for start, length in spans if length > attention_kernel.MAX_LENGTH]
+            spans = [span for span in spans if span[1] > kernel.max_length or span[2] != span[1]]
         if longest:
             qkv = qkv.contiguous()
             kernel.attend(qkv, starts, lengths, longest, num_heads, head_dim, out)
-    for start, length in spans:
-        # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies.
+    for start, length, attended in spans:
+        # (L, 3H) -> three strided (1, nh, L, hd) views of it, no copies; the keys and values of its first `attended`.
         q, k, v = qkv[start:start + length].view(1, length, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+        k, v = k[:, :, :attended], v[:, :, :attended]
         out[start:start + length] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(length, hidden)
     return out.to(dtype)

@@ -68,8 +68,8 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        # One module computing (query | key | value) at once, set by `model.quantize` so that the three
-        # int8 products share one quantization of x; None: the three Linears above.
+        # One module computing (query | key | value) at once, set at serving time (`model.fuse`; in int8 by
+        # `kernels.quantize`, so that the three products share one quantization of x); None: the three Linears above.
         self.fused_qkv: nn.Module | None = None
         self.dropout_prob = config.attention_probs_dropout_prob
 
@@ -311,8 +311,8 @@ class BertForPreTraining(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, num_labels) if num_labels else None
         self.classifier_per_token = bool(num_labels and per_token)
         self.qa_outputs = nn.Linear(config.hidden_size, 2) if with_qa else None
-        # On the meta device (load_checkpoint) there is nothing to initialise, and random init there would
-        # import torch._dynamo: 1.3 s of every server start.
+        self.projection: nn.Module | None = None  # a ColBERT's, of each token's last state (model.projection)
+        # On the meta device (load_checkpoint) init is moot, and would import torch._dynamo (1.3 s of every start).
         if not next(self.parameters()).is_meta:
             self.apply(self._init_weights)
         self.tie_weights()

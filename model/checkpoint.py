@@ -28,6 +28,7 @@ from model.checkpoint_files import (  # noqa: F401  (the text files' names, re-e
     METADATA_FILE,
     Checkpoint,
     CheckpointError,
+    late_interaction_recipe,
     load_checkpoint_files,
     load_config,
     read_metadata,
@@ -37,6 +38,7 @@ from model.checkpoint_files import (  # noqa: F401  (the text files' names, re-e
 )
 from model.config import BertConfig, ConfigError
 from model.labels import LabelSpec
+from model.projection import load_projection
 from model.tokenizer import WordPieceTokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -193,7 +195,8 @@ def load_checkpoint(
     dtype: torch.dtype | None = None,
 ) -> Checkpoint:
     """Open a checkpoint written by us or by `transformers` for BertForPreTraining, BertForMaskedLM,
-    BertModel, BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnswering. Heads the
+    BertModel, BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnswering, or a ColBERT in
+    PyLate's or colbert-ai's format (model.late_interaction; the model then carries its projection). Heads the
     checkpoint does not have are left out of the model, not invented."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -207,6 +210,9 @@ def load_checkpoint(
         tensors.setdefault("cls.predictions.bias", tensors["cls.predictions.decoder.bias"])
     for name in TIED_KEYS:
         tensors.pop(name, None)
+    late_interaction = late_interaction_recipe(directory)
+    # A ColBERT's projection (colbert-ai keeps it among these tensors) is the model's, not the BERT's.
+    projection = load_projection(directory, late_interaction, config.hidden_size, tensors) if late_interaction else None
 
     weights_path = directory / WEIGHTS_FILE
     num_labels = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
@@ -248,6 +254,7 @@ def load_checkpoint(
             raise CheckpointError(f"{weights_path}: tensor {name} holds NaN or infinite values")
     model.load_state_dict({n: t.float() for n, t in tensors.items()}, strict=False, assign=True)
     model.tie_weights()
+    model.projection = projection
     model.to(device=device, dtype=dtype or torch.float32)
     model.eval()
     return with_text_files(directory, config, model, labels)

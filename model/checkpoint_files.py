@@ -1,6 +1,7 @@
 """The text files of a checkpoint directory, read without torch: config.json, the tokenizer's files, the pooling
-recipe, a classifier's labels and training_metadata.json. What a process that tokenizes and formats needs (the HTTP
-front ends, up to one per core beside the engine); the weights are model/checkpoint.py's, which builds on this.
+recipe, a classifier's labels, a ColBERT's recipe and training_metadata.json. What a process that tokenizes and
+formats needs (the HTTP front ends, up to one per core beside the engine); the weights are model/checkpoint.py's,
+which builds on this.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from model.config import BertConfig, ConfigError
 from model.files import read_json_object
 from model.labels import LabelSpec
+from model.late_interaction import LateInteraction, LateInteractionError, read_late_interaction
 from model.pooling import PoolingConfigError, PoolingRecipe, read_pooling
 from model.tokenizer import TokenizerError, WordPieceTokenizer
 
@@ -35,6 +37,7 @@ class Checkpoint:
     metadata: dict[str, Any] = field(default_factory=dict)
     pooling: PoolingRecipe = field(default_factory=lambda: PoolingRecipe("mean", False, "default"))
     labels: LabelSpec | None = None  # a sequence classifier's (cross-encoder's) labels and scoring rule
+    late_interaction: LateInteraction | None = None  # a ColBERT's recipe (markers, lengths, skiplist, projection)
 
 
 def load_config(directory: Path) -> BertConfig:
@@ -82,7 +85,21 @@ def with_text_files(directory: Path, config: BertConfig, model: BertForPreTraini
         pooling = read_pooling(directory)
     except PoolingConfigError as exc:
         raise CheckpointError(str(exc)) from None
-    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory), pooling, labels)
+    late_interaction = late_interaction_recipe(directory)
+    if late_interaction is not None:
+        markers = [m for m in (late_interaction.query_prefix, late_interaction.document_prefix) if m]
+        unknown = [m for m in markers if tokenizer.token_to_id(m) is None]
+        if unknown:
+            raise CheckpointError(f"{directory}: the ColBERT markers {unknown} are not tokens of its tokenizer")
+    return Checkpoint(directory, config, model, tokenizer, read_metadata(directory), pooling, labels, late_interaction)
+
+
+def late_interaction_recipe(directory: Path) -> LateInteraction | None:
+    """The checkpoint's ColBERT recipe (model.late_interaction), or None when it is no ColBERT."""
+    try:
+        return read_late_interaction(directory)
+    except LateInteractionError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def read_metadata(directory: Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Three products of (N, H) by (H, H) and a concatenation become one (N, H) by (H, 3H): one operator call instead
 of four per layer (each call hands the GIL over and back, which is what a small model's batch costs on a CPU,
 and a kernel launch on a GPU) and one pass over the input. The int8 path fuses the same three in its own way
-(`model.quantize`); this is the float one. For inference only: the separate projections are dropped.
+(`kernels.quantize`); this is the float one. For inference only: the separate projections are dropped.
 """
 
 from __future__ import annotations

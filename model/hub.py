@@ -29,13 +29,16 @@ from model.hub_progress import DownloadProgress, ProgressBars
 
 log = logging.getLogger("model.hub")
 
-# What model/checkpoint.py, model/tokenizer.py and model/pooling.py read (and the model card, for the trainer's
-# provenance): nothing else is fetched. Patterns are fnmatch's, where "*" also crosses "/".
+# What model/checkpoint.py, model/tokenizer.py, model/pooling.py and model/late_interaction.py read (and the model
+# card, for the trainer's provenance): nothing else is fetched. Patterns are fnmatch's, where "*" also crosses "/".
 WANTED_FILES = (
     "config.json", "model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors",
     "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "modules.json", "*Pooling/config.json", "sentence_bert_config.json", "config_sentence_transformers.json",
     "training_metadata.json", "README.md",
+    # a ColBERT's projection: PyLate's Dense modules (older ones as pytorch_model.bin, read with weights_only),
+    # colbert-ai's settings
+    "*Dense/config.json", "*Dense/model.safetensors", "*Dense/pytorch_model.bin", "artifact.metadata",
 )
 SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")

@@ -18,6 +18,10 @@ class Packing:
     sequence by sequence: on CPU it usually runs on each sequence's own `spans` of the packed layout;
     on CUDA in half precision FlashAttention reads the packed layout itself, given `cu_seqlens` (see
     model.attention); otherwise each layer scatters q/k/v into the padded (B, T) layout and gathers it back.
+
+    Every token of a sequence attends to its first `key_lengths` tokens (all of them unless given): a ColBERT query's
+    [MASK] expansion tokens read the query, and the query does not read them (as its attention mask says in
+    transformers).
     """
 
     indices: torch.Tensor  # (N,) where each real token sits in the flattened (B*T) padded layout
@@ -29,9 +33,15 @@ class Packing:
     width: int
     spans: tuple[tuple[int, int], ...]  # (start, length) of each sequence in the packed layout
     cu_seqlens: torch.Tensor  # (B+1,) int32: 0, then where each sequence ends (FlashAttention's varlen form)
+    # Where some sequence's last tokens are no keys: how many tokens of each are keys, the packed rows of those keys
+    # (K,) and their cumulative counts (B+1,) int32. None when every token is a key.
+    key_lengths: tuple[int, ...] | None = None
+    key_rows: torch.Tensor | None = None
+    cu_keys: torch.Tensor | None = None
 
     @classmethod
-    def from_lengths(cls, lengths: list[int]) -> Packing:
+    def from_lengths(cls, lengths: list[int], keys: list[int] | None = None) -> Packing:
+        """`keys`: how many leading tokens of each sequence are attended to (None: all)."""
         # Built with numpy, then shared with torch: on these small arrays each torch op costs a few us more
         # (the batcher builds one Packing per batch, on the thread that must stay ahead of the device).
         sizes = np.asarray(lengths, dtype=np.int64)
@@ -40,13 +50,20 @@ class Packing:
         starts = ends - sizes
         rows = np.repeat(np.arange(len(sizes)), sizes)
         positions = np.arange(int(ends[-1])) - starts[rows]
+        attended = sizes if keys is None else np.asarray(keys, dtype=np.int64)
         key_mask = None
-        if int(sizes.min()) != width:
-            key_mask = torch.from_numpy((np.arange(width)[None, :] < sizes[:, None])[:, None, None, :])
+        if int(sizes.min()) != width or keys is not None:
+            key_mask = torch.from_numpy((np.arange(width)[None, :] < attended[:, None])[:, None, None, :])
         spans = tuple(zip(starts.tolist(), map(int, lengths)))
         cu_seqlens = np.concatenate(([0], ends)).astype(np.int32)
+        restricted = {}
+        if keys is not None:
+            key_rows = np.flatnonzero(positions < attended[rows])
+            restricted = dict(key_lengths=tuple(map(int, attended)), key_rows=torch.from_numpy(key_rows),
+                              cu_keys=torch.from_numpy(np.concatenate(([0], np.cumsum(attended))).astype(np.int32)))
         return cls(torch.from_numpy(rows * width + positions), torch.from_numpy(rows), torch.from_numpy(positions),
-                   torch.from_numpy(starts), key_mask, len(lengths), width, spans, torch.from_numpy(cu_seqlens))
+                   torch.from_numpy(starts), key_mask, len(lengths), width, spans, torch.from_numpy(cu_seqlens),
+                   **restricted)
 
     @property
     def max_length(self) -> int:
@@ -72,7 +89,8 @@ class Packing:
             return self
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
-                       move(self.key_mask), self.batch, self.width, self.spans, move(self.cu_seqlens))
+                       move(self.key_mask), self.batch, self.width, self.spans, move(self.cu_seqlens),
+                       self.key_lengths, move(self.key_rows), move(self.cu_keys))
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
         """(N, D) -> (B, T, D), zeros where there is no token."""

@@ -29,9 +29,13 @@ class PoolingRecipe:
     # sentence-transformers prompts (config_sentence_transformers.json): name -> text put before each input
     prompts: tuple[tuple[str, str], ...] = ()
     default_prompt_name: str | None = None
+    # the input length sentence-transformers embeds (sentence_bert_config.json), where the checkpoint says: what the
+    # model was meant to read at once (long inputs are read in windows of it)
+    max_seq_length: int | None = None
 
 
 PROMPTS_FILE = "config_sentence_transformers.json"
+SEQUENCE_FILE = "sentence_bert_config.json"
 
 
 def read_prompts(directory: Path) -> tuple[tuple[tuple[str, str], ...], str | None]:
@@ -46,9 +50,17 @@ def read_prompts(directory: Path) -> tuple[tuple[tuple[str, str], ...], str | No
     return tuple(sorted(prompts.items())), default
 
 
+def read_max_seq_length(directory: Path) -> int | None:
+    length = read_json_object(directory / SEQUENCE_FILE, PoolingConfigError).get("max_seq_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 4):
+        raise PoolingConfigError(f"{directory / SEQUENCE_FILE}: max_seq_length must be a number of tokens (4 or more)")
+    return length
+
+
 def read_pooling(directory: Path) -> PoolingRecipe:
     prompts, default_prompt = read_prompts(directory)
-    return replace(_read_pooling_modules(directory), prompts=prompts, default_prompt_name=default_prompt)
+    return replace(_read_pooling_modules(directory), prompts=prompts, default_prompt_name=default_prompt,
+                   max_seq_length=read_max_seq_length(directory))
 
 
 def _read_pooling_modules(directory: Path) -> PoolingRecipe:

@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif get_origin(annotation) is Literal:
             parser.add_argument(flag, choices=list(get_args(annotation)), default=None, help=help_text)
+        elif get_origin(annotation) is list:  # given once per item (several models: --checkpoint a=... --checkpoint b=...)
+            parser.add_argument(flag, action="append", default=None, help=help_text)
         else:
             parser.add_argument(flag, default=None, help=help_text)
     return parser
@@ -47,23 +49,26 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level, settings.log_format)
     from model.hub import CheckpointSourceError, resolve_checkpoint
 
-    try:  # a directory, or a Hub id fetched into the cache now: a bad one ends here, before the port is bound
-        source = resolve_checkpoint(settings.checkpoint)
-    except CheckpointSourceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    specs = settings.models()
+    sources = {}
+    for spec in specs:  # a directory, or a Hub id fetched into the cache now: a bad one ends here, before the port
+        try:
+            sources[spec.name] = resolve_checkpoint(spec.checkpoint)
+        except CheckpointSourceError as exc:
+            print(f"error: model {spec.name}: {exc}" if len(specs) > 1 else f"error: {exc}", file=sys.stderr)
+            return 2
 
     from service.supervisor import Supervisor, auto_workers
 
     workers = auto_workers(settings.device) if settings.workers == "auto" else settings.workers
     if workers > 0:
-        return Supervisor(settings, workers, source).run()
+        return Supervisor(settings, workers, sources).run()
 
     from service.app import create_app
     from service.frontend.serve import serve_http
 
     app = create_app(settings.model_copy(update={"workers": 0}))
-    app.state.runtime.source = source  # resolved already: the runtime does not ask the Hub again
+    app.state.runtime.set_sources(sources)  # resolved already: the runtime does not ask the Hub again
     failure = serve_http(app, settings)
     if failure is not None:
         print(f"error: {failure}", file=sys.stderr)

@@ -33,6 +33,16 @@ def read_launch_record() -> tuple[Settings, dict[str, Any]]:
     return Settings(**record.pop("settings")), record
 
 
+def sources_from(record: dict[str, Any]) -> dict:
+    """Each model's resolved checkpoint (name -> model.hub.ResolvedCheckpoint), as the supervisor wrote them."""
+    from pathlib import Path
+
+    from model.hub import ResolvedCheckpoint
+
+    return {name: ResolvedCheckpoint(Path(found["path"]), found["hub_id"], found["revision"], found["commit"])
+            for name, found in record["sources"].items()}
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Have the kernel send `sig` to this process when the supervisor dies (Linux), so that a killed
     supervisor leaves no engine holding the GPU and no front end holding the port."""

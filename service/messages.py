@@ -31,6 +31,7 @@ from service.tasks import (
     FillMaskItem,
     FillMaskScores,
     Item,
+    LateInteractionItem,
     MaskScores,
     NspItem,
     NspLogits,
@@ -43,6 +44,7 @@ from service.tasks import (
     TokenClassifyItem,
     TokenLogits,
     TokenVectors,
+    WindowItem,
 )
 
 
@@ -61,6 +63,7 @@ class Submit:
     items: list[Item]
     deadline: float  # time.monotonic() by which they must reach the device (one clock for every process of a host)
     trace: str | None = None  # the request span's W3C traceparent when traced (service.tracing): its batches link to it
+    model: str = ""  # the served model's name ("": the default model)
 
 
 @dataclass
@@ -86,15 +89,18 @@ class ModelFacts:
     cuda_graphs_eager: list[str] = dataclasses.field(default_factory=list)  # "name: why" of those that fell back
     num_token_labels: int = 0  # outputs of a token-classification head (0: none)
     has_qa_head: bool = False  # an extractive question-answering head
+    dtype_reason: str = ""  # how --dtype auto chose `dtype` on this host (empty for an explicit --dtype)
+    name: str = ""  # the served model's name
 
 
 @dataclass
 class Status:
-    """The engine's state: loading (with progress in `detail`), ready (with `facts`), failed, or draining."""
+    """The engine's state: loading (with progress in `detail`), ready (with every model's facts, the default
+    first), failed, or draining."""
 
     state: str
     detail: str = ""
-    facts: ModelFacts | None = None
+    models: list[ModelFacts] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -142,7 +148,7 @@ Message = Hello | Submit | Cancel | Status | Done | Failed | Heartbeat
 # Tags are the wire format: append, never renumber.
 _TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, FillMaskItem, NspItem, ClassifyItem,
           SparseItem, TokenVectors, PooledVector, MaskScores, FillMaskScores, NspLogits, ClassLogits, SparseVector,
-          Heartbeat, TokenClassifyItem, QaItem, TokenLogits, SpanLogits)
+          Heartbeat, TokenClassifyItem, QaItem, TokenLogits, SpanLogits, WindowItem, LateInteractionItem)
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
 _ARRAY = -1  # the map key of a numpy array: {-1: [dtype, shape, raw bytes]}

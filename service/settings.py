@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.engine.options import EngineOptions
+from service.model_specs import ModelSpec, ModelSpecError, as_list, model_specs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "minilm-wikipedia"
@@ -19,12 +22,21 @@ class Settings(BaseSettings):
     # An empty variable means "not set" (compose passes `${BERT_API_KEY:-}` as ""), so the default applies.
     model_config = SettingsConfigDict(env_prefix="BERT_", extra="forbid", validate_default=True, env_ignore_empty=True)
 
-    checkpoint: str = Field(DEFAULT_CHECKPOINT, description=(
+    checkpoint: Annotated[list[str], NoDecode] = Field([str(DEFAULT_CHECKPOINT)], description=(
         "Checkpoint to serve: a directory (ours or a transformers BertForPreTraining/BertForMaskedLM/BertModel/"
         "BertForSequenceClassification directory with model.safetensors), or a Hugging Face Hub id, org/name or "
         "org/name@revision, fetched once (safetensors only) into the Hub cache (HF_HOME; HF_TOKEN for gated "
         "models, HF_HUB_OFFLINE=1 for the cache alone: docs/hub-models.md). A directory of that name wins. Default: "
-        "the bundled model (all-MiniLM-L6-v2 with masked-LM and next-sentence heads, trained on English Wikipedia)."))
+        "the bundled model (all-MiniLM-L6-v2 with masked-LM and next-sentence heads, trained on English Wikipedia). "
+        "Give it more than once to serve several models from one engine and one device, each NAME=SOURCE (the name "
+        "defaults to the Hub id's or directory's last part); the first is the default model, the others are served "
+        "under /models/NAME/... and by the OpenAI `model` field (docs/several-models.md). From the environment: a "
+        "comma-separated or JSON list."))
+    model_setting: Annotated[list[str], NoDecode] = Field([], description=(
+        "A setting of one model of several, NAME:KEY=VALUE (KEY: dtype, root_task, classifier_pairs, weight, "
+        "max_queue_items); given more than once for more. The other models keep the server-wide value. weight "
+        "(default 1) is the model's share of the device in tokens when several models have work: 2 gets twice the "
+        "tokens of a model of weight 1. From the environment: a comma-separated or JSON list."))
     host: str = Field("127.0.0.1", description="Interface to listen on; 0.0.0.0 exposes the service beyond this machine.")
     port: int = Field(8000, ge=1, le=65535, description="TCP port.")
     device: str = Field("auto", description="auto (first CUDA GPU, else CPU), cpu, cuda or cuda:N.")
@@ -35,8 +47,9 @@ class Settings(BaseSettings):
         "the cores), and on a GPU one per two cores beyond the engine's, from 2 to 8 (a small model on a big GPU is "
         "bound by the CPU work of its requests). See docs/processes.md."))
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field("auto", description=(
-        "Number format. auto = float32 on CPU (exact), bfloat16 on GPUs that support it, else float16. On CPU, "
-        "bfloat16 (CPUs with AVX512-BF16 or AMX) and int8 (encoder Linear layers, per-token scales and "
+        "Number format. auto = bfloat16 on GPUs that support it, else float16; on a CPU bfloat16 where the CPU has it "
+        "natively (AVX512-BF16 or AMX) and the model's answers on calibration sentences stay at float32's (checked at "
+        "start-up; /info's dtype_reason gives the figures), else float32 (exact). On CPU, bfloat16 and int8 (encoder Linear layers, per-token scales and "
         "SmoothQuant calibrated at start-up; CPU only) trade a little fidelity for speed: see "
         "docs/precision.md."))
     max_batch_tokens: int = Field(16384, ge=16, description=(
@@ -125,6 +138,11 @@ class Settings(BaseSettings):
     max_inputs_per_request: int = Field(64, ge=1, description="Most inputs in one request (422 beyond).")
     max_input_chars: int = Field(50_000, ge=1, description=(
         "Most characters in one input text, checked before tokenization so that huge texts cost nothing (422)."))
+    long_input_overlap: int = Field(16, ge=0, description=(
+        "Tokens shared by consecutive windows when a request chunks an input longer than the model's window "
+        "(\"long_input\": \"chunk\" on /embed, /encode and /v1/embeddings, and for a ColBERT's documents; "
+        "docs/long-inputs.md), at most half a window. More gives each window more context at its edges, for that "
+        "many more tokens computed per window."))
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
     max_top_k: int = Field(100, ge=1, description="Largest top_k accepted by /fill-mask (422 beyond).")
     max_response_mb: float = Field(32.0, gt=0, description=(
@@ -221,10 +239,17 @@ class Settings(BaseSettings):
             raise ValueError("max_batch_size must be auto or a number of sequences of at least 1")
         return value
 
-    @field_validator("checkpoint", mode="before")
+    @field_validator("checkpoint", "model_setting", mode="before")
     @classmethod
-    def _path_as_text(cls, value):
-        return os.fspath(value) if isinstance(value, os.PathLike) else value
+    def _as_list(cls, value):
+        if isinstance(value, os.PathLike):
+            value = [os.fspath(value)]
+        elif isinstance(value, (list, tuple)):
+            value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+        try:
+            return as_list(value)
+        except ModelSpecError as exc:
+            raise ValueError(str(exc)) from None
 
     @field_validator("device")
     @classmethod
@@ -246,7 +271,29 @@ class Settings(BaseSettings):
             raise ValueError("api_key must be at least 8 characters")
         if self.grpc_port is not None and self.grpc_port == self.port:
             raise ValueError(f"grpc_port must differ from port ({self.port}): HTTP and gRPC each need their own")
+        self.models()  # a clash of names or a setting of a model not served stops the start here
         return self
+
+    def models(self) -> list[ModelSpec]:
+        """Every served model with its own settings, the default first (service.model_specs)."""
+        defaults = {"dtype": self.dtype, "root_task": self.root_task, "classifier_pairs": self.classifier_pairs,
+                    "weight": 1.0, "max_queue_items": self.max_queue_items}
+        try:
+            return model_specs(self.checkpoint, self.model_setting, defaults)
+        except ModelSpecError as exc:
+            raise ValueError(str(exc)) from None
+
+    @property
+    def default_checkpoint(self) -> str:
+        """The default model's source (the first --checkpoint, without its NAME=)."""
+        return self.models()[0].checkpoint
+
+    def engine_options(self, model: ModelSpec | None = None) -> EngineOptions:
+        """How `model`'s engine starts (the default model's by default; service.engine.loader.start_engine)."""
+        model = model or self.models()[0]
+        return EngineOptions(model.checkpoint, self.device, model.dtype, self.max_batch_tokens, self.cpu_batch_tokens,
+                             self.max_batch_size, self.concurrent_batches, self.cuda_graphs, self.warmup,
+                             self.cpu_keep_freed_memory)
 
     def public(self) -> dict:
         """Settings without secrets, for /info."""
@@ -261,7 +308,8 @@ def settings_table() -> str:
     rows = ["| setting (flag) | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
     for name, field in Settings.model_fields.items():
         default = field.default
-        if isinstance(default, Path):
-            default = default.relative_to(REPO_ROOT) if default.is_relative_to(REPO_ROOT) else default
+        if isinstance(default, list):  # the default checkpoint, shown relative to the repository
+            default = ",".join(str(Path(v).relative_to(REPO_ROOT)) if Path(v).is_relative_to(REPO_ROOT) else v
+                               for v in default)
         rows.append(f"| `--{name.replace('_', '-')}` | `BERT_{name.upper()}` | `{default}` | {field.description} |")
     return "\n".join(rows)

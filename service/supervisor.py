@@ -56,10 +56,10 @@ def auto_workers(device: str) -> int:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, workers: int, source: ResolvedCheckpoint):
-        # The children load the directory resolved here (a Hub id is fetched once, before the port is bound).
-        self.settings = settings.model_copy(update={"workers": workers, "checkpoint": str(source.path)})
-        self.source = {"hub_id": source.hub_id, "revision": source.revision, "commit": source.commit}
+    def __init__(self, settings: Settings, workers: int, sources: dict[str, ResolvedCheckpoint]):
+        # The children load the directories resolved here (a Hub id is fetched once, before the port is bound).
+        self.settings = settings.model_copy(update={"workers": workers})
+        self.sources = {name: sources_json(source) for name, source in sources.items()}
         self.workers = workers
         remove_abandoned()  # what supervisors killed with SIGKILL left behind
         self.directory = create_work_directory()
@@ -77,11 +77,11 @@ class Supervisor:
         grpc_port = _reserve_port(self.settings.host, self.settings.grpc_port) if self.settings.grpc_port else None
         self.metrics_dir.mkdir()
         self.env = {**os.environ, MULTIPROCESS_DIR: str(self.metrics_dir)}
-        create_slots(self.in_flight, self.workers)
+        create_slots(self.in_flight, self.workers, len(self.sources))
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         try:
-            self.engine = self._spawn("service.engine.server", directory=str(self.directory))
+            self.engine = self._spawn("service.engine.server", directory=str(self.directory), sources=self.sources)
             for slot in range(self.workers):
                 self.front_ends[slot] = self._front_end(slot, listener.fileno())
             log.info("serving on http://%s:%d with %d front ends and one engine process (pid %d)",
@@ -104,7 +104,7 @@ class Supervisor:
 
     def _front_end(self, slot: int, fd: int) -> subprocess.Popen:
         return self._spawn("service.frontend.worker", pass_fds=(fd,), directory=str(self.directory), slot=slot, fd=fd,
-                           engine_pid=self.engine.pid, in_flight=str(self.in_flight), source=self.source)
+                           engine_pid=self.engine.pid, in_flight=str(self.in_flight), sources=self.sources)
 
     def _stop(self, sig, frame) -> None:
         if not self.stopping:
@@ -158,6 +158,9 @@ def _reserve_port(host: str, port: int) -> socket.socket:
         reserved.close()
         raise OSError(exc.errno, f"cannot serve gRPC on {host}:{port}: {exc.strerror}") from None
     return reserved
+def sources_json(source: ResolvedCheckpoint) -> dict:
+    """A resolved checkpoint as the launch record carries it to the children (service.launch.sources_from)."""
+    return {"path": str(source.path), "hub_id": source.hub_id, "revision": source.revision, "commit": source.commit}
 
 
 def _signal(process: subprocess.Popen, sig: int) -> None:

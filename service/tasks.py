@@ -63,12 +63,32 @@ class QaItem(Tokens):
     """[CLS] question [SEP] context window [SEP] for an extractive question-answering head."""
 
 
-Item = EncodeItem | FillMaskItem | NspItem | ClassifyItem | SparseItem | TokenClassifyItem | QaItem
+@dataclass
+class WindowItem(EncodeItem):
+    """One window of an input longer than the model's window (service.frontend.long_inputs). Pooled alone, never
+    normalised; the engine folds the windows of each input into its one `PooledVector` before answering
+    (service.engine.long_inputs): their mean weighted by tokens, normalised if `normalize_input`."""
+
+    source: int = 0  # which input of the request this is a window of (its windows are consecutive items)
+    normalize_input: bool = False
+
+
+@dataclass
+class LateInteractionItem(Tokens):
+    """A ColBERT query or document, marked and expanded as its model's own encoder does (service.frontend.colbert):
+    the projected, normalised vectors of its tokens at `kept` (`TokenVectors`, dim wide)."""
+
+    keys: int | None = None  # the others attend to its first `keys` tokens (a query's [MASK]s are not read); None: all
+    kept: list[int] | None = None  # the positions whose vectors come back (a document's skiplist left out); None: all
+
+
+Item = (EncodeItem | FillMaskItem | NspItem | ClassifyItem | SparseItem | TokenClassifyItem | QaItem | WindowItem
+        | LateInteractionItem)
 
 
 @dataclass
 class TokenVectors:
-    vectors: np.ndarray  # (L, H) float32: one vector per token, special tokens included
+    vectors: np.ndarray  # (L, H) float32: one vector per token, special tokens included (a ColBERT's: (kept, dim))
 
 
 @dataclass

@@ -143,3 +143,22 @@ def tiny_token_classifier(tmp_path_factory, tokenizer) -> Path:
 @pytest.fixture(scope="session")
 def tiny_question_answerer(tmp_path_factory, tokenizer) -> Path:
     return task_checkpoint(tmp_path_factory.mktemp("ckpt") / "qa", tokenizer, "BertForQuestionAnswering", seed=17)
+
+
+@pytest.fixture(scope="session")
+def tiny_colbert(tmp_path_factory, tokenizer) -> Path:
+    """A ColBERT in PyLate's layout (tests/colbert_checkpoints.py): short queries and documents, so that expansion,
+    truncation and windows show in a few words."""
+    from tests.colbert_checkpoints import pylate_checkpoint
+
+    return pylate_checkpoint(tmp_path_factory.mktemp("ckpt") / "colbert", tokenizer, dims=(32,), query_length=16,
+                             document_length=24)
+
+
+@pytest.fixture(scope="session")
+def tiny_colbert_ai(tmp_path_factory, tokenizer) -> Path:
+    """A ColBERT in colbert-ai's layout, its expansion tokens attended to."""
+    from tests.colbert_checkpoints import colbert_ai_checkpoint
+
+    return colbert_ai_checkpoint(tmp_path_factory.mktemp("ckpt") / "colbert-ai", tokenizer, dim=20, query_maxlen=20,
+                                 doc_maxlen=32, attend_to_mask_tokens=True)

@@ -1,7 +1,9 @@
 """The clients people already have, unchanged, against the server as `make serve` runs it (the bundled model)
 and against a served cross-encoder: huggingface_hub's InferenceClient (sync and async, 2.x here and 1.x in the
 clients' environment), LangChain's OpenAI and Hugging Face embeddings, LlamaIndex's TEI and OpenAI-like
-embeddings. Vectors and scores are compared with transformers' on the same checkpoint (1e-4, float32)."""
+embeddings; the Cohere SDK's rerank and LangChain's Cohere reranker against a cross-encoder and a ColBERT; two
+models behind one server, reached by OpenAI's `model` and by base URL. Vectors and scores are compared with
+transformers' on the same checkpoint (1e-4, float32), rerank scores with /rerank's."""
 
 from __future__ import annotations
 
@@ -25,12 +27,13 @@ from service.settings import DEFAULT_CHECKPOINT
 from tests.clients.drive import TEXTS
 
 KEY = "clients-key-1234"
+FLOAT32 = ("--dtype", "float32")  # held to transformers' float32 (--dtype auto may serve bfloat16 on this CPU)
 CLIENTS_PYTHON = Path(os.environ.get("BERT_CLIENTS_PYTHON", REPO_ROOT / ".venv-clients" / "bin" / "python"))
 
 
 @pytest.fixture(scope="module")
 def bundled():
-    process, url = start_service(DEFAULT_CHECKPOINT, "--api-key", KEY)
+    process, url = start_service(DEFAULT_CHECKPOINT, "--api-key", KEY, *FLOAT32)
     yield url
     process.terminate()
     process.wait(timeout=60)
@@ -45,7 +48,7 @@ def stacked(tmp_path_factory, tokenizer):
     directory = tmp_path_factory.mktemp("stacked") / "stacked"
     save_checkpoint(directory, random_model(tokenizer.vocab_size, seed=11, num_hidden_layers=3, embedding_layer=2),
                     tokenizer)
-    process, url = start_service(directory, "--api-key", KEY)
+    process, url = start_service(directory, "--api-key", KEY, *FLOAT32)
     yield directory, url
     process.terminate()
     process.wait(timeout=60)
@@ -53,7 +56,7 @@ def stacked(tmp_path_factory, tokenizer):
 
 @pytest.fixture(scope="module")
 def cross_encoder(tiny_cross_encoder):
-    process, url = start_service(tiny_cross_encoder, "--api-key", KEY)
+    process, url = start_service(tiny_cross_encoder, "--api-key", KEY, *FLOAT32)
     yield url
     process.terminate()
     process.wait(timeout=60)
@@ -207,7 +210,7 @@ def test_clients_against_a_checkpoint_with_layers_stacked_for_its_heads(stacked)
 def task_heads(tiny_token_classifier, tiny_question_answerer):
     """Two live servers: a token classifier and a question answerer (BertFor... checkpoints written by transformers),
     each with two front-end processes, so the new items and results cross the engine's wire (service.messages)."""
-    servers = [start_service(checkpoint, "--api-key", KEY, "--workers", "2")
+    servers = [start_service(checkpoint, "--api-key", KEY, "--workers", "2", *FLOAT32)
                for checkpoint in (tiny_token_classifier, tiny_question_answerer)]
     yield [url for _, url in servers]
     for process, _ in servers:
@@ -255,3 +258,98 @@ def test_inference_client_token_classification_and_question_answering(task_heads
     assert len(answers["top"]) == 2 and (first["answer"], first["start"], first["end"]) == \
         (best["answer"], best["start"], best["end"])
     assert abs(first["score"] - best["score"]) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny_checkpoint, tiny_cross_encoder):
+    """One server, two models: an embedder (the default) and a cross-encoder."""
+    process, url = start_service(f"embed={tiny_checkpoint}", "--checkpoint", f"rerank={tiny_cross_encoder}",
+                                 "--api-key", KEY, *FLOAT32)
+    yield url, {"embed": tiny_checkpoint, "rerank": tiny_cross_encoder}
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def test_the_openai_client_picks_each_of_two_models_by_name(two_models):
+    import openai
+
+    url, directories = two_models
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["embed", "rerank"]
+    for name, directory in directories.items():
+        response = client.embeddings.create(model=name, input=TEXTS)
+        assert response.model == name
+        got = np.array([d.embedding for d in response.data])
+        np.testing.assert_allclose(got, mean_pooled_reference(directory, TEXTS), atol=1e-4, err_msg=name)
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.embeddings.create(model="text-embedding-3-small", input=TEXTS[0])
+    assert "embed, rerank" in str(raised.value)
+
+
+def test_hugging_face_and_tei_clients_reach_a_model_by_its_base_url(two_models):
+    url, directories = two_models
+    for name, directory in directories.items():
+        want = mean_pooled_reference(directory, TEXTS)
+        client = InferenceClient(base_url=f"{url}/models/{name}", token=KEY)
+        np.testing.assert_allclose(client.feature_extraction(TEXTS, normalize=True), want, atol=1e-4, err_msg=name)
+        answers = drive(f"{url}/models/{name}", "llama_index_tei", "llama_index_openai_like")
+        for check, answer in answers.items():
+            np.testing.assert_allclose(answer["documents"], want, atol=1e-4, err_msg=f"{name} {check}")
+    scores = InferenceClient(base_url=f"{url}/models/rerank", token=KEY).text_classification(
+        {"text": TEXTS[0], "text_pair": TEXTS[1]})
+    assert len(scores) == 1 and 0 <= scores[0].score <= 1
+
+
+@pytest.fixture(scope="module")
+def colbert(tiny_colbert):
+    """A served ColBERT with two front-end processes, so its items and the Cohere answers cross the engine's wire."""
+    process, url = start_service(tiny_colbert, "--api-key", KEY, "--workers", "2", *FLOAT32)
+    yield url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+@pytest.mark.anyio
+async def test_long_inputs_and_colbert_vectors_cross_the_engine_process_as_they_compute_in_one(colbert, tiny_colbert):
+    """Windows folded in the engine process, a ColBERT's items and vectors over the wire: as with one process."""
+    import httpx
+
+    from tests.service.conftest import serving
+
+    text = " ".join(TEXTS * 8)  # longer than the model (128) and than a document (24): a few windows of each
+    bodies = [("/embed", {"inputs": [text, TEXTS[0]], "long_input": "chunk"}),
+              ("/token-vectors", {"inputs": [text, TEXTS[1]], "long_input": "chunk"}),
+              ("/token-vectors", {"inputs": TEXTS, "mode": "query"})]
+    with httpx.Client(base_url=colbert, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        remote = [client.post(route, json=body).json() for route, body in bodies]
+    async with serving(tiny_colbert) as client:
+        local = [(await client.post(route, json=body)).json() for route, body in bodies]
+    np.testing.assert_allclose(remote[0], local[0], atol=1e-5)
+    assert len(remote[0]) == 2
+    assert len(remote[1]["results"][0]["tokens"]) > 2 * 24  # several windows' vectors
+    for mine, theirs in zip(remote[1:], local[1:]):
+        for a, b in zip(mine["results"], theirs["results"]):
+            assert a["tokens"] == b["tokens"]
+            np.testing.assert_allclose(a["vectors"], b["vectors"], atol=1e-5)
+
+
+@pytest.mark.parametrize("server", ["cross_encoder", "colbert"])
+def test_cohere_sdk_and_langchain_cohere_rerank_read_the_scores_of_rerank(server, request):
+    import httpx
+
+    url = request.getfixturevalue(server)
+    from tests.clients.drive import QUERY
+
+    want = httpx.post(f"{url}/rerank", json={"query": QUERY, "texts": TEXTS},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60).json()
+    answers = drive(url, "cohere_rerank", "langchain_cohere_rerank")
+    rerank = answers["cohere_rerank"]
+    assert rerank["version"].startswith("5.")
+    assert [(r["index"], r["text"]) for r in rerank["v1"]] == [(w["index"], TEXTS[w["index"]]) for w in want[:2]]
+    np.testing.assert_allclose([r["score"] for r in rerank["v1"]], [w["score"] for w in want[:2]], atol=1e-4)
+    assert [r["index"] for r in rerank["v2"]] == [w["index"] for w in want]
+    np.testing.assert_allclose([r["score"] for r in rerank["v2"]], [w["score"] for w in want], atol=1e-4)
+    assert rerank["refused"]["status"] == 400 and "top_n" in rerank["refused"]["body"]["message"]
+    kept = answers["langchain_cohere_rerank"]["documents"]
+    assert [d["text"] for d in kept] == [TEXTS[w["index"]] for w in want[:2]]
+    np.testing.assert_allclose([d["score"] for d in kept], [w["score"] for w in want[:2]], atol=1e-4)

@@ -65,12 +65,31 @@ def test_compose_config_gpu_by_default_cpu_with_the_override():
     assert not scale["services"]["api-replica"]["deploy"].get("resources")  # no GPU reservation left
     train = compose_config("-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml", "--profile", "train")
     assert set(train["services"]) == {"trainer"} and "deploy" not in train["services"]["trainer"]
+    corpus = compose_config("-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml", "--profile", "corpus")
+    assert set(corpus["services"]) == {"ray-head", "ray-worker"}
+    for node in corpus["services"].values():
+        assert "deploy" not in node and node["image"] == "bert-serve:0.1.0-cpu-ray"
+        assert node["build"]["args"] == {"VARIANT": "cpu", "RAY": "1"}
 
 
 def test_cpu_override_drops_every_gpu_reservation():
     override = (REPO_ROOT / "docker-compose.cpu.yml").read_text()
-    assert override.count("!reset") == 3 and "VARIANT: cpu" in override
-    assert set(yaml.safe_load(re.sub(r"!reset ", "", override))["services"]) == {"api", "trainer", "api-replica"}
+    assert override.count("!reset") == 5 and "VARIANT: cpu" in override
+    assert set(yaml.safe_load(re.sub(r"!reset ", "", override))["services"]) == {"api", "trainer", "api-replica",
+                                                                                 "ray-head", "ray-worker"}
+
+
+def test_corpus_profile_is_a_ray_cluster_of_the_ray_image_sharing_one_folder():
+    head, worker = COMPOSE["services"]["ray-head"], COMPOSE["services"]["ray-worker"]
+    assert head["profiles"] == worker["profiles"] == ["corpus"]
+    assert head["image"] == worker["image"] == "bert-serve:0.1.0-ray" and head["build"]["args"]["RAY"] == "1"
+    assert head["command"][:3] == ["ray", "start", "--head"] and "--block" in head["command"]
+    port = next(a for a in head["command"] if a.startswith("--port=")).split("=")[1]
+    assert worker["command"][:2] == ["ray", "start"] and f"--address=ray-head:{port}" in worker["command"]
+    data = "${CORPUS_DATA:-./corpus-data}:/data"
+    assert data in head["volumes"] and data in worker["volumes"]  # every node sees the job's input and output
+    assert "AWS_ACCESS_KEY_ID" in head["environment"] and "AWS_ENDPOINT_URL" in worker["environment"]
+    assert gpu_reservation(head) and gpu_reservation(worker)
 
 
 def test_trainer_is_behind_a_profile_and_writes_into_the_volume():
@@ -106,8 +125,9 @@ def test_dockerfile_essentials_and_locks():
     lines = [line.strip() for line in DOCKERFILE.splitlines() if line.strip() and not line.startswith("#")]
     stages = [line for line in lines if line.startswith("FROM ")]
     assert all(re.fullmatch(r"FROM python:3\.11\.\d+-slim-bookworm( AS \w+)?", line) for line in stages)  # pinned
-    # the C kernels are built in a stage with a compiler, by model/native.py, and the image looks for them there
-    assert stages[0].endswith(" AS kernels") and "python -S /build/native.py" in DOCKERFILE
+    # the C kernels are built in a stage with a compiler, by kernels/build.py, and the image looks for them there
+    assert stages[0].endswith(" AS kernels") and "python -S -m kernels.build" in DOCKERFILE
+    assert "COPY kernels/ kernels/" in lines  # the package that loads them
     assert "COPY --from=kernels /opt/kernels/ /opt/kernels/" in lines and "BERT_KERNEL_DIR=/opt/kernels \\" in lines
     assert "ARG VARIANT=cuda" in lines
     install = next(i for i, line in enumerate(lines) if "pip install" in line)
@@ -122,6 +142,10 @@ def test_dockerfile_essentials_and_locks():
     assert 'HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 CMD ["bert", "health"]' in lines
     assert 'ENTRYPOINT ["bert"]' in lines and 'CMD ["serve"]' in lines
     assert "COPY checkpoints/ checkpoints/" in lines  # the bundled model only; no secrets or other weights
+    assert "COPY corpus/ corpus/" in lines  # `bert corpus embed`, and a Ray node's code
+    # RAY=1 adds requirements/ray.txt's own pins (its `-r serve.txt` line dropped: the variant's lock is in already)
+    assert "ARG RAY=0" in lines and "sed '/^-r /d' requirements/ray.txt" in DOCKERFILE
+    assert "requirements/ray.txt" in next(line for line in lines if line.startswith("COPY requirements/"))
     assert "api_key" not in DOCKERFILE.lower()
     cuda_lock = (REPO_ROOT / "requirements" / "image-cuda.txt").read_text()
     pinned = [line for line in cuda_lock.splitlines() if line and not line.startswith("#")]
@@ -132,10 +156,11 @@ def test_dockerfile_essentials_and_locks():
     assert serve <= {line.split("==")[0] for line in pinned}  # the CUDA image holds everything serve.txt pins
 
 
-def test_entrypoint_runs_the_service_or_the_trainer():
+def test_entrypoint_runs_the_service_the_trainer_or_the_corpus_job():
     entrypoint = REPO_ROOT / "docker" / "entrypoint.sh"
     env = {"PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin"}
-    for command, expected in (("serve", "python -m service"), ("train", "python -m trainer")):
+    for command, expected in (("serve", "python -m service"), ("train", "python -m trainer"),
+                              ("corpus", "python -m corpus")):
         result = subprocess.run(["sh", str(entrypoint), command, "--help"], cwd=REPO_ROOT, env=env,
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr

@@ -60,6 +60,13 @@ RENDERS = {  # name: values files and --set flags; together they reach every tem
                 "--set", "model.hub.revision=v1.0", "--set", "model.hub.tokenSecret=hf-token"],
     "gpu-hub-offline": ["-f", f"{CHART}/values-gpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
                         "--set", "model.hub.cache.claimName=hf-cache", "--set", "model.hub.offline=true"],
+    "cpu-corpus-s3": ["-f", f"{CHART}/values-cpu.yaml", "--set", "corpus.enabled=true",
+                      "--set", "corpus.input=s3://docs/in/", "--set", "corpus.output=s3://docs/vectors",
+                      "--set", "corpus.s3.endpoint=http://minio.storage:9000", "--set", "corpus.s3.credentialsSecret=s3",
+                      "--set-json", 'corpus.args=["--id-column", "doc_id", "--dtype", "int8"]'],
+    "gpu-corpus-pvc": ["-f", f"{CHART}/values-gpu.yaml", "--set", "corpus.enabled=true",
+                       "--set", "corpus.input=/data/docs.jsonl", "--set", "corpus.output=/data/vectors",
+                       "--set", "corpus.storage.claimName=corpus-data", "--set", f"corpus.checkpoint={HUB_ID}"],
 }
 
 
@@ -124,6 +131,7 @@ def test_kinds_each_render_creates(rendered):
     assert kinds["gpu"].count("Job") == 2 and kinds["gpu"].count("NetworkPolicy") == 2
     assert "Secret" in kinds["cpu-pvc-key"] and kinds["cpu-pvc-key"].count("PersistentVolumeClaim") == 2
     assert "HorizontalPodAutoscaler" not in kinds["cpu-init"] and "Secret" not in kinds["cpu-init"]
+    assert kinds["cpu-corpus-s3"] == sorted(kinds["cpu"] + ["Job", "NetworkPolicy"])  # the job and its policy
 
 
 def test_probes_and_port_match_the_service(rendered):
@@ -270,6 +278,57 @@ def test_distributed_training_is_an_indexed_torchrun_job(rendered):
     assert single[0] == "train" and "--resume" in single
 
 
+def corpus_pod(docs: list[dict]) -> dict:
+    return find(docs, "Job", "-corpus")["spec"]["template"]["spec"]
+
+
+def test_the_corpus_job_on_an_object_store_needs_no_volume_and_reads_its_credentials_from_a_file(rendered):
+    docs = rendered["cpu-corpus-s3"][1]
+    pod = corpus_pod(docs)
+    container = pod["containers"][0]
+    assert container["args"] == ["corpus", "embed", "s3://docs/in/", "--output", "s3://docs/vectors",
+                                 "--id-column", "doc_id", "--dtype", "int8"]
+    assert container["image"] == api_container(docs)["image"]  # the image that serves runs the job
+    assert {v["name"] for v in pod["volumes"]} == {"tmp", "cache", "aws-credentials"}  # no claim
+    env = env_of(container)
+    assert env["AWS_ENDPOINT_URL"] == "http://minio.storage:9000"
+    assert env["AWS_SHARED_CREDENTIALS_FILE"] == "/run/secrets/aws/credentials"
+    assert not any(name.startswith("AWS_") and "KEY" in name for name in env)  # the keys are in the file only
+    secret = next(v for v in pod["volumes"] if v["name"] == "aws-credentials")["secret"]
+    assert secret == {"secretName": "s3", "items": [{"key": "credentials", "path": "credentials"}]}
+    assert {"name": "aws-credentials", "mountPath": "/run/secrets/aws", "readOnly": True} in container["volumeMounts"]
+    policy = find(docs, "NetworkPolicy", "-corpus")["spec"]
+    assert policy["podSelector"]["matchLabels"] == find(docs, "Job", "-corpus")["spec"]["template"]["metadata"][
+        "labels"] and policy["policyTypes"] == ["Ingress"] and "ingress" not in policy  # no connection in
+
+
+def test_the_corpus_job_on_a_claim_mounts_it_at_data_and_takes_the_gpus(rendered):
+    pod = corpus_pod(rendered["gpu-corpus-pvc"][1])
+    container = pod["containers"][0]
+    assert container["args"] == ["corpus", "embed", "/data/docs.jsonl", "--output", "/data/vectors",
+                                 "--checkpoint", HUB_ID]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "corpus-data"}} in pod["volumes"]
+    assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 and pod["tolerations"]
+
+
+def test_the_corpus_job_retries_what_a_retry_can_fix_and_no_api_selector_counts_its_pod(rendered):
+    docs = rendered["cpu-corpus-s3"][1]
+    job = find(docs, "Job", "-corpus")["spec"]
+    assert job["template"]["spec"]["restartPolicy"] == "Never" and job["backoffLimit"] >= 1
+    fail_at_once, ignored = job["podFailurePolicy"]["rules"]
+    # exit 2 is corpus/cli.py's "cannot start" (an option, the checkpoint): a retry would be refused the same way
+    assert fail_at_once == {"action": "FailJob", "onExitCodes": {"containerName": "corpus", "operator": "In",
+                                                                  "values": [2]}}
+    assert ignored["action"] == "Ignore" and ignored["onPodConditions"][0]["type"] == "DisruptionTarget"
+    labels = job["template"]["metadata"]["labels"]
+    selectors = [find(docs, "Service", "serve")["spec"]["selector"],
+                 find(docs, "Deployment")["spec"]["selector"]["matchLabels"],
+                 find(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]]
+    for selector in selectors:  # a Job's pod among the API's endpoints would be sent requests it cannot answer
+        assert not all(labels.get(key) == value for key, value in selector.items()), selector
+
+
 @pytest.mark.parametrize("args, names", [
     (["--set", "probes.grpcReadiness=true", "--set", "server.grpc.enabled=false"], "probes.grpcReadiness"),
     (["--set", "server.grpc.port=8000"], "server.grpc.port"),
@@ -294,6 +353,12 @@ def test_distributed_training_is_an_indexed_torchrun_job(rendered):
     (["--set", "image.digest=latest"], "image.digest"),
     (["--set", "training.distributed.enabled=true", "--set", "training.distributed.nodes=1"],
      "training.distributed.nodes"),
+    (["--set", "corpus.enabled=true", "--set", "corpus.output=s3://b/out"], "corpus.input"),
+    (["--set", "corpus.enabled=true", "--set", "corpus.input=s3://b/in/"], "corpus.output"),
+    (["--set", "corpus.enabled=true", "--set", "corpus.input=docs.jsonl", "--set", "corpus.output=s3://b/out"],
+     "corpus.input"),
+    (["--set", "corpus.enabled=true", "--set", "corpus.input=s3://b/in/", "--set", "corpus.output=/data/out"],
+     "corpus.storage.claimName"),
 ])
 def test_contradicting_values_fail_at_render_time_naming_the_value(args, names):
     done = helm_template(*args)
@@ -334,7 +399,10 @@ def test_autoscaler_reads_what_the_adapter_serves_from_what_the_service_exports(
     rules = yaml.safe_load(ADAPTER.read_text())["rules"]["custom"]
     served = {rule["name"]["as"] for rule in rules}
     assert wanted == served == {"bert_queue_depth", "bert_queue_time_seconds"}
-    exported = Metrics().render()
+    metrics = Metrics()
+    for model in ("embedder", "reranker"):  # a served model's series exist once the model does
+        metrics.for_model(model)
+    exported = metrics.render()
     if isinstance(exported, bytes):
         exported = exported.decode()
     for rule in rules:
@@ -343,4 +411,7 @@ def test_autoscaler_reads_what_the_adapter_serves_from_what_the_service_exports(
         for name in ("bert_queue_time_seconds_sum", "bert_queue_time_seconds_count"):
             if name in rule["metricsQuery"]:
                 assert name in exported
+        # one series per model in a pod: the query must add them up to one value per pod
+        assert rule["metricsQuery"].startswith("sum("), rule["metricsQuery"]
+        assert f'\n{series}{{model="reranker"}} ' in exported, series
     assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 60

@@ -1,6 +1,7 @@
 """The curl and Python examples of the README and docs/examples.md, run as written against a live server on
-the bundled model; their outputs must match what the pages show (numbers to 2e-3: float rounding differs
-between CPUs).
+the bundled model in float32 (what the pages show: `--dtype auto` may serve bfloat16 on a CPU that has it natively,
+README.md says so); their outputs must match what the pages show (numbers to 2e-3: float rounding differs between
+CPUs).
 
 After retraining the bundled model, refresh the shown outputs with:
     BERT_UPDATE_README=1 .venv/bin/python -m pytest tests/test_readme_examples.py
@@ -54,7 +55,7 @@ def test_readme_examples_give_the_outputs_shown():
     assert routes >= {"/encode", "/fill-mask", "/nsp", "/health", "/embed", "/embed_all", "/tokenize", "/v1",
                       "/embed_sparse", "/similarity", "/decode"}
     assert any("InferenceClient" in c for _, _, c, _, _ in examples) and any("langchain" in c for _, _, c, _, _ in examples)
-    process, url = start_service(DEFAULT_CHECKPOINT)
+    process, url = start_service(DEFAULT_CHECKPOINT, "--dtype", "float32")
     try:
         outputs = [run_example(language, command, url) for _, language, command, _, _ in examples]
     finally:

@@ -29,11 +29,11 @@ def job_settings(checkpoint: Path, corpus: Path, output: Path, dtype: str) -> Jo
 
 def single_machine(settings: JobSettings) -> Timed:
     """The job of `python -m corpus embed` on one machine, clocked from the plan (counting the input's rows) to the
-    last shard renamed; the engine's start-up is clocked apart (a one-off, whatever the corpus's size)."""
-    from corpus import shards
+    last shard committed; the engine's start-up is clocked apart (a one-off, whatever the corpus's size)."""
     from corpus.embedder import Embedder
     from corpus.inputs import resolve_inputs
     from corpus.local_job import Pipeline
+    from corpus.open_output import open_output
     from corpus.plan import make_plan
     from corpus.progress import Progress
 
@@ -45,14 +45,15 @@ def single_machine(settings: JobSettings) -> Timed:
     loaded = time.perf_counter()
     try:
         plan = make_plan(resolve_inputs(settings.input, settings.format), settings.rows_per_shard)
-        shards.prepare_output(settings.output)
+        output = open_output(settings.output)
+        output.prepare()
         progress = Progress(sum(u.row_stop - u.row_start for u in plan), 0, io.StringIO())
-        Pipeline(settings, embedder, progress).run(plan)
+        Pipeline(settings, embedder, output, progress).run(plan)
         summary = progress.finish()
     finally:
         embedder.close()
         torch.set_num_threads(threads)
-    return Timed(summary.rows, time.perf_counter() - loaded, loaded - started)
+    return Timed(summary.documents, time.perf_counter() - loaded, loaded - started)
 
 
 def on_local_ray(settings: JobSettings, actors: int | None = None) -> Timed:
@@ -74,4 +75,4 @@ def on_local_ray(settings: JobSettings, actors: int | None = None) -> Timed:
     finally:
         ray.shutdown()
         cluster.shutdown()
-    return Timed(summary.rows, seconds, 0.0)
+    return Timed(summary.documents, seconds, 0.0)

@@ -45,11 +45,13 @@ from model.provenance import portable
 
 MIN_TORCH = (2, 1)
 STEPS = ("gpu_tests", "serving", "serving_base", "py_spy", "kernels", "training", "training_no_graphs",
-         "training_profile")
-# The training profile (a minute: another compilation) is asked for by name, and the dry run, which takes seconds a
-# step, exercises every step. The step without CUDA graphs comes after the figures the issue asks for: a lease that
-# ends early loses the comparison first.
-DEFAULT_STEPS = tuple(step for step in STEPS if step != "training_profile")
+         "training_profile", "several_models")
+# The training profile (a minute: another compilation) and several models in one server (bench.serving.several_models,
+# five server starts) are asked for by name; the dry run, which takes seconds a step, exercises every step but the
+# second (tests/bench/test_several_models.py runs its quick form). The step without CUDA graphs comes after the
+# figures the issue asks for: a lease that ends early loses the comparison first.
+DEFAULT_STEPS = tuple(step for step in STEPS if step not in ("training_profile", "several_models"))
+DRY_RUN_STEPS = tuple(step for step in STEPS if step != "several_models")
 # Steps beside the figures the verdicts need (profiles, the step without CUDA graphs) run by default only while the
 # run would still end within --budget-minutes; each with the seconds it is expected to take. Asked for by name with
 # --steps, they run whatever the clock says.
@@ -59,7 +61,7 @@ WITHIN_BUDGET = {"py_spy": 40.0, "kernels": 12.0, "training_no_graphs": 75.0}
 # seconds on an H100/H200, from the last runs' step times scaled to today's rows (docs/gpu.md): 290 s for the
 # steps the verdicts need, the diagnostics above as the budget allows.
 ESTIMATE_S = {"gpu_tests": 35.0, "serving": 80.0, "serving_base": 90.0, "matmul_peak_tflops": 1.0, "training": 85.0,
-              **WITHIN_BUDGET, "training_profile": 50.0}
+              **WITHIN_BUDGET, "training_profile": 50.0, "several_models": 120.0}
 
 
 def environment(device: str) -> dict:
@@ -212,6 +214,10 @@ def markdown(summary: dict) -> str:
         lines.append(f"| training ({name}) | " + (f"failed: {run['error'][-300:]!r}" if "error" in run else
                                                   training_line(run)) + " |")
     lines += training_profile_lines(summary.get("training_profile"))
+    several = summary.get("several_models")
+    if several:
+        lines += [f"| several models in one server | {several['error'][-300:]!r} |"] if "error" in several else \
+            [f"| several models in one server | {line} |" for line in several["verdicts"]]
     recipe = summary.get("training", {}).get("train-default", {})
     if "recipe_hours_here" in recipe:
         lines.append(f"| `make train-default` here | {recipe['recipe_hours_here']:.2f} h: the bundled model's "
@@ -272,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     some_steps = bool(args.steps)
     if args.budget_minutes is None:
         args.budget_minutes = 60.0 if args.dry_run else BUDGET_MINUTES
-    args.steps = args.steps or list(STEPS if args.dry_run else DEFAULT_STEPS)
+    args.steps = args.steps or list(DRY_RUN_STEPS if args.dry_run else DEFAULT_STEPS)
     ensure_packages(argv)
     import torch
 
@@ -315,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             "training_no_graphs": lambda: gpu_steps.training(device, work, args.dry_run, summary["matmul_peak_tflops"],
                                                              base, gpu_steps.WITHOUT_GRAPHS),
             "training_profile": lambda: guarded(gpu_steps.training_profile, work, args.dry_run, base, args.out),
+            "several_models": lambda: guarded(gpu_steps.several_models, work, args.dry_run, duration),
         }
         summary["step_seconds"] = {}
         # In the order asked for (a lease may end before the last), MFU's denominator just before the training.

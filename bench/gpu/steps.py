@@ -79,6 +79,19 @@ LOAD_START_S = 2.0  # the load generator's processes start (each imports little)
 PY_SPY_RATE = 100  # samples per second per thread
 
 
+def several_models(work: Path, dry_run: bool, duration: float) -> dict:
+    """bench.serving.several_models on this machine: three models in one server against each alone and against two
+    single-model servers, its targets' lines beside the figures (Infinity is not on a GPU machine)."""
+    found = work / "several-models.json"
+    command = [sys.executable, "-m", "bench.serving.several_models", "--skip", "infinity", "--json", str(found),
+               *(["--quick"] if dry_run else ["--seconds", str(max(4.0, 3 * duration)),
+                                              "--client-processes", str(min(8, max(2, (os.cpu_count() or 4) // 2)))])]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        return {"error": result.stderr[-1500:]}
+    return json.loads(found.read_text())
+
+
 def py_spy_profile(checkpoint: Path, work: Path, dry_run: bool, seconds: float) -> dict:
     """py-spy over the service and all its processes while 64 clients (4 in the dry run) send 8 sentences a
     request: the functions holding most samples, on top of the stack (self) and anywhere in it, and how busy

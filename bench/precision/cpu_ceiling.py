@@ -57,8 +57,8 @@ def product_rate(kind: str, rows: int, inputs: int, outputs: int, seconds: float
 def free_quantization():
     """The int8 layers as their int8 products alone: no input quantization, no dequantization, no fused
     GELU (timing only; the packed layout's 2-D activations)."""
-    from model.int8_kernels import MIN_ROWS, QuantizedRows
-    from model.quantize import Int8GeluIntermediate, Int8Linear
+    from kernels.int8_modules import Int8GeluIntermediate, Int8Linear
+    from kernels.int8_rows import MIN_ROWS, QuantizedRows
 
     def product_only(self, x):
         rows = x.rows if isinstance(x, QuantizedRows) else x.shape[0]

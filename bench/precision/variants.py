@@ -56,7 +56,7 @@ def calibration_sentences() -> list[str]:
 
 def quantized(model, tokenizer, scheme: str, alpha: float, keep=()):
     """`model` quantized with `scheme` after calibration on held-out validation sentences."""
-    from model.quantize import calibrate, quantize
+    from kernels.quantize import calibrate, quantize
 
     stats = calibrate(model, [(torch.tensor([e.ids]), torch.tensor([e.type_ids]))
                               for e in tokenizer.encode_batch(calibration_sentences(), truncate=True)])
@@ -74,10 +74,13 @@ def padded(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def ours(checkpoint_dir: Path, dtype: str, scheme: str | None = None, alpha: float = 0.5, keep=()) -> Variant:
-    """Our engine's path: packed batches through BertForPreTraining in the given precision."""
+    """Our engine's path: packed batches through BertForPreTraining in the given precision, with the CPU kernels the
+    service installs."""
+    import kernels
     from model.checkpoint import load_checkpoint
     from model.packing import Packing
 
+    kernels.install()
     checkpoint = load_checkpoint(checkpoint_dir)
     model = checkpoint.model.eval()
     name = f"ours {dtype}"
@@ -85,7 +88,7 @@ def ours(checkpoint_dir: Path, dtype: str, scheme: str | None = None, alpha: flo
         model = quantized(model, checkpoint.tokenizer, scheme, alpha, keep)
         name = f"ours int8 {scheme}" + (f" a={alpha}" if scheme.endswith("smooth") else "") + \
             (f" keep {','.join(keep)}" if keep else "") + (f", {dtype} elsewhere" if dtype != "float32" else "")
-    model = model.to(getattr(torch, dtype))  # int8 layers keep their constants (model.quantize.Int8Linear)
+    model = model.to(getattr(torch, dtype))  # int8 layers keep their constants (kernels.int8_modules.Int8Linear)
 
     def prepare(ids):
         flat = torch.tensor([t for seq in ids for t in seq])

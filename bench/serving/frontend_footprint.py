@@ -37,7 +37,7 @@ from service.frontend.app import create_http_app
 from service.settings import Settings
 runtime = front_end_runtime.Runtime(Settings(checkpoint=sys.argv[1]), link=None)
 # the checkpoint's text files, read as the front end reads them (Runtime.start, through its own import)
-runtime.checkpoint = front_end_runtime.load_checkpoint_files(sys.argv[1])
+runtime.default_model.checkpoint = front_end_runtime.load_checkpoint_files(sys.argv[1])
 create_http_app(runtime)
 seconds = time.perf_counter() - started
 status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)

@@ -46,6 +46,25 @@ def embed_request(texts: list[str]) -> tuple[str, dict | None]:
 REQUESTS = {"encode": encode_request, "embed": embed_request, "live": live_request}
 
 
+def request_maker(name: str):
+    """A request by name: one of REQUESTS, or (several models, bench.serving.several_models) `embed@PREFIX` (TEI's
+    /embed under a path prefix such as /models/NAME), `rerank@PREFIX` (TEI's /rerank: the first input is the query,
+    the rest the texts), `infinity-embed@MODEL` and `infinity-rerank@MODEL` (Infinity's routes for one of its
+    models)."""
+    if name in REQUESTS:
+        return REQUESTS[name]
+    kind, _, where = name.partition("@")
+    if kind == "embed":
+        return lambda texts: (where + "/embed", {"inputs": one_or_many(texts), "truncate": True})
+    if kind == "rerank":
+        return lambda texts: (where + "/rerank", {"query": texts[0], "texts": texts[1:], "truncate": True})
+    if kind == "infinity-embed":
+        return lambda texts: ("/embeddings", {"model": where, "input": texts})
+    if kind == "infinity-rerank":
+        return lambda texts: ("/rerank", {"model": where, "query": texts[0], "documents": texts[1:]})
+    raise ValueError(f"no request named {name!r}")
+
+
 async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],
                 request=encode_request, inputs_per_request: int = 1, first_client: int = 0, stride: int | None = None):
     """`concurrency` clients, each with its own connection, send `inputs_per_request` inputs per request
@@ -86,7 +105,7 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
 
 def drive_processes(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],
                     request: str = "encode", inputs_per_request: int = 1, processes: int = 2):
-    """As `drive`, with the clients split over `processes` child processes (`request` names one of REQUESTS).
+    """As `drive`, with the clients split over `processes` child processes (`request` names one: request_maker).
     Returns the same (latencies, sequences, tokens, seconds), merged; seconds is the longest child's."""
     processes = max(1, min(processes, concurrency))
     with tempfile.TemporaryDirectory(prefix="bench-load-") as scratch:
@@ -164,7 +183,7 @@ def _child(job_path: str, index: int, processes: int) -> None:
     async def clients():
         # client k of this child is client index + k * processes overall; `stride` spreads the inputs
         return await asyncio.gather(*(
-            drive(job["url"], job["texts"], 1, job["duration"], job["token_counts"], REQUESTS[job["request"]],
+            drive(job["url"], job["texts"], 1, job["duration"], job["token_counts"], request_maker(job["request"]),
                   job["inputs_per_request"], first_client=index + k * processes, stride=job["concurrency"])
             for k in range(mine)))
 

@@ -186,7 +186,7 @@ def in_process(checkpoint: Path, work: Path, seconds: float, dtypes: list[str]) 
     encoded = loaded.tokenizer.encode_batch(sentences(200, None, loaded.tokenizer), truncate=True)
     items = [EncodeItem(e.ids, e.type_ids, pooling="mean") for e in encoded]
     cpu = torch.device("cpu")
-    # A checkpoint per engine: int8 quantizes the model it is given in place (model.quantize)
+    # A checkpoint per engine: int8 quantizes the model it is given in place (kernels.quantize)
     engines = {f"ours {d}": build_engine(load_checkpoint(checkpoint), cpu, choose(d, cpu)) for d in dtypes}
     onnx_path = quantize_onnx(export_onnx(checkpoint, work / "export"), per_channel=False)
     cores = torch.get_num_threads()

@@ -55,13 +55,13 @@ class AnswerAtOnce:
     def __init__(self, width: int):
         self.vector = np.random.default_rng(0).standard_normal(width).astype(np.float32) / np.sqrt(width)
 
-    async def start(self, checkpoint: Path) -> ModelFacts:
-        return ModelFacts("cpu", "float32", True, True, 0, 1024, 64)
+    async def start(self, directories: dict[str, Path]) -> list[ModelFacts]:
+        return [ModelFacts("cpu", "float32", True, True, 0, 1024, 64, name=name) for name in directories]
 
     async def loading(self) -> None:
         return
 
-    def submit(self, items, deadline):
+    def submit(self, items, deadline, model=""):
         result = asyncio.get_running_loop().create_future()
         result.set_result([PooledVector(self.vector) for _ in items])
         return Answered(result)
@@ -172,7 +172,7 @@ def tokenizer_us(checkpoint, texts: list[str], per_request: int, rounds: int = 3
 def engine_us_per_input(checkpoint, texts: list[str], batch: int, per_request: int = 8, priced: bool = True
                         ) -> tuple[float, float, float]:
     """(selection + collation, forward + results, replies) CPU µs per input, batches of `batch` similar-length
-    inputs chosen from a queue of 512 as the packer chooses them; replies: the results sent back as the engine
+    inputs chosen from a queue of 512 as the preparer chooses them; replies: the results sent back as the engine
     process sends them (one Done message per request of `per_request` inputs, msgpack-encoded). On a GPU the
     forward is one graph replay and the rest is the engine process's host work per input."""
     cpu = torch.device("cpu")

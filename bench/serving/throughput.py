@@ -56,9 +56,10 @@ def sentences(limit: int, fixed_length: int | None, tokenizer) -> list[str]:
     return out
 
 
-def metric(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+def metric(text: str, name: str, model: str | None = None) -> float:
+    """A series' value in a /metrics text, summed over its label sets (one per served model), or one model's."""
+    labels = rf'\{{[^}}]*model="{re.escape(model)}"[^}}]*\}}' if model else r"(?:\{[^}]*\})?"
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}{labels} ([0-9.e+-]+)$", text, re.MULTILINE))
 
 
 def metric_delta(before: str, after: str, name: str) -> float:

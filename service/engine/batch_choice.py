@@ -1,6 +1,6 @@
-"""Which queued entries run together: the oldest, plus neighbours of similar length (the packer's choice).
+"""Which queued entries run together: the oldest, plus neighbours of similar length (the preparer's choice).
 
-A pure function of the queue and the policy, so that benchmarks and tests can call it as the packer does.
+A pure function of the queue and the policy, so that benchmarks and tests can call it as the preparer does.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
     longest = real = by_length[anchor].length
     squares = longest ** 2
     size, budget, cap = len(by_length), policy.max_batch_tokens, policy.max_padding_fraction
-    # The loop below runs a few dozen times per batch on the packer's thread, so it is written out: each side's
+    # The loop below runs a few dozen times per batch on the preparer's thread, so it is written out: each side's
     # candidate is priced inline (one call where the model prices), and the sides compared as (share, side)
     # tuples would be, the longer side winning a tie (tests/service/engine/test_batch_choice.py holds it to that rule).
     # Unpriced (flops None) every share is 0: pricing costs ~10 µs per entry taken, most of a core at a GPU's

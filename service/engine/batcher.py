@@ -1,22 +1,22 @@
-"""Dynamic batching. Knows nothing of HTTP, nor which model runs; decides *when* and *what* runs together.
+"""Dynamic batching of one model's requests. Knows nothing of HTTP; decides *when* and *what* runs together.
 
-Every input of every request is one entry in one queue. Threads serve it:
-- the packer picks the next batch (`choose_batch`: anchored on the oldest entry, filled with entries
-  of similar length under the token budget, so padding stays small) and collates it while the device
-  is busy with the current one: one batch is always ready ahead;
-- one runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) feeds
-  prepared batches to the engine and records each item's result in its request's `Ticket`; the
-  requests a batch finishes go to their `Sink` together (an event loop in this process, or the engine
-  process's socket back to a front end). Where the engine's device runs asynchronously (a GPU), the
-  runner launches the next batch before it reads the last one's results: the device computes one
-  while the host turns the other into replies.
-Entries whose client went away are dropped before compute, entries past their deadline get
-`unavailable`, and a batch that runs out of device memory is split in two and retried.
+Every input of every request to the model is one entry in its queue. The model's preparer thread picks the next
+batch (`choose_batch`: anchored on the oldest entry, filled with entries of similar length under the token budget,
+so padding stays small) and collates it while the device is busy: one batch is always ready ahead. The device's
+runners (`service.engine.device_runners`, shared by every model on the device, which also decides whose batch goes
+next) compute it with this model's engine and hand the results back here: each item's result goes into its
+request's `Ticket`, and the requests a batch finishes go to their `Sink` together (an event loop in this process,
+or the engine process's socket back to a front end).
+Entries whose client went away are dropped before compute, entries past their deadline get `unavailable`, and a
+batch that runs out of device memory is split in two and retried.
 
-An idle batcher (nothing computing, prepared or being collated: one client, a few) has a runner pick and collate
-a new request's batch itself, as the packer would: one thread hand-over to the compute instead of two (submitter ->
-packer -> runner). Under load the packer alone picks (its wake-up lets a batch gather company; at 16 clients x 8 a
-runner picking at once made smaller batches, 0.94x the sentences/s), and with max_wait_s above 0.
+An idle model (nothing computing, prepared or being collated: one client, a few) has an idle runner pick and collate
+a new request's batch itself, as the preparer would: one thread hand-over to the compute instead of two (submitter ->
+preparer -> runner). Under load the preparer alone picks (its wake-up lets a batch gather company; at 16 clients x 8
+a runner picking at once made smaller batches, 0.94x the sentences/s), and with max_wait_s above 0.
+
+`Batcher(engine, policy, metrics)` alone has runners of its own (a server of one model, the corpus job); several
+models share one device's runners (`device=`, service.engine.models).
 """
 
 from __future__ import annotations
@@ -28,73 +28,78 @@ from collections import deque
 
 from service.engine.batch_choice import choose_batch, pricing
 from service.engine.batch_types import BatchEngine, BatchPolicy, PreparedBatch
+from service.engine.device_runners import DeviceRunners
+from service.engine.threads import name_os_thread
 from service.engine.tickets import Entry, LaunchedBatch, Sink, Ticket, note_batch
 from service.errors import ServiceError
 from service.metrics import Metrics
-from service.engine.threads import lower_thread_priority, name_os_thread
 
 log = logging.getLogger("service")
-# With a batch in flight on the device, how long the runner waits for the packer's next batch before it reads the
-# one in flight instead: long enough for a collation (tens to hundreds of us), short next to a batch on the device.
-AHEAD_WAIT_S = 0.002
 
 
 class Batcher:
-    def __init__(self, engine: BatchEngine, policy: BatchPolicy, metrics: Metrics):
+    def __init__(self, engine: BatchEngine, policy: BatchPolicy, metrics: Metrics, device: DeviceRunners | None = None,
+                 name: str = "", weight: float = 1.0):
         self.engine = engine
         self.policy = policy
-        self.metrics = metrics
+        self.metrics = metrics.for_model(name)  # the model's own series
+        self.name = name  # the served model's name ("" for a batcher that serves no named model: a job, a test)
+        self.weight = weight  # its share of the device, in tokens, against the other models'
+        self._owns_device = device is None
+        self.device = device or DeviceRunners(policy.runners, policy.runner_niceness)
+        self.device.attach(self)
+        self._lock = self.device.lock
+        self._cond = threading.Condition(self._lock)  # this model's preparer waits on it
         self._queue: deque[Entry] = deque()
-        # What the packer keeps of the queue, so that a wake-up costs nothing per entry: its tokens, the
+        # What the preparer keeps of the queue, so that a wake-up costs nothing per entry: its tokens, the
         # earliest deadline in it, and whether a request was cancelled since the last look at every entry.
         self._queued_tokens = 0
         self._earliest_deadline = float("inf")
         self._cancelled_since_scan = False
-        # One lock, two conditions: a new request wakes the packer only, a prepared batch the runners only
-        # (each wake-up of a thread that goes back to sleep costs a GIL hand-over).
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)  # the packer waits on it
-        self._batch_ready = threading.Condition(self._lock)  # the runners wait on it
-        self._prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
-        self._running = 0  # batches taken by runners and not yet answered (on a GPU, up to two a runner)
+        self.prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
+        self.running = 0  # batches taken by runners and not yet answered (on a GPU, up to two a runner)
+        self.clock = 0.0  # the fair share's virtual time: tokens computed over weight (device_runners)
         self._stopping = False
-        self._packer_finished = False  # set by the packer once stopping and the queue is empty
-        self._collating = False  # the packer has chosen a batch and is collating it
-        self._idle_runners = 0  # runners waiting for a batch with none on the device: a new request may go to one
-        self._threads: list[threading.Thread] = []
+        self.preparer_finished = False  # set by the preparer once stopping and the queue is empty
+        self._collating = False  # the preparer has chosen a batch and is collating it
+        self._preparer: threading.Thread | None = None
         self._results_lock = threading.Lock()  # runners finish entries of one request concurrently
         self._recent_batch_s = 0.05  # for Retry-After: how fast the queue drains
-        self._progress_at = time.monotonic()  # when a taken batch was last done with, or work came to an idle one
+        self.progress_at = time.monotonic()  # when a taken batch was last done with, or work came to an idle model
 
     # ---- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        workers = [(self._pack_loop, "bert-packer")] + [(self._run_loop, f"bert-runner-{n}")
-                                                         for n in range(self.policy.runners)]
-        for target, name in workers:
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        name = f"bert-preparer-{self.name}" if self.name else "bert-preparer"
+        self._preparer = threading.Thread(target=self._prepare_loop, name=name, daemon=True)
+        self._preparer.start()
+        if self._owns_device:
+            self.device.start()
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Finish everything already queued, then stop the threads."""
+        """Finish everything already queued, then stop the preparer (and the runners, if they are this model's)."""
         with self._lock:
             self._stopping = True
             self._cond.notify_all()
-            self._batch_ready.notify_all()
-        for thread in self._threads:
-            thread.join(timeout)
+            self.device.batch_ready.notify_all()
+        if self._preparer is not None:
+            self._preparer.join(timeout)
+        if self._owns_device:
+            self.device.join(timeout)
 
     @property
     def workers_alive(self) -> bool:
-        """Whether every packing and compute thread is still running (liveness: a dead one never comes back)."""
-        return all(thread.is_alive() for thread in self._threads)
+        """Whether this model's preparer and the device's runners are all still running (liveness: a dead one never
+        comes back)."""
+        return self._preparer is not None and self._preparer.is_alive() and self.device.alive
+
+    def has_work(self) -> bool:
+        return bool(self._queue or self.running or self.prepared is not None or self._collating)
 
     def stalled_for(self) -> float:
-        """Seconds the batcher has had work (queued, being prepared or computed) without finishing a batch; 0 while
+        """Seconds the model has had work (queued, being prepared or computed) without finishing a batch; 0 while
         idle. A hung device, a deadlocked thread or a stopped process shows here (the engine's heartbeat)."""
-        busy = self._queue or self._running or self._prepared is not None or self._collating
-        return max(0.0, time.monotonic() - self._progress_at) if busy else 0.0
+        return max(0.0, time.monotonic() - self.progress_at) if self.has_work() else 0.0
 
     @property
     def queue_depth(self) -> int:
@@ -109,21 +114,23 @@ class Batcher:
                 raise ServiceError("unavailable", "the server is shutting down")
             if len(self._queue) + len(items) > self.policy.max_queue_items:
                 wait = self._recent_batch_s * max(1, len(self._queue) / max(1, self.policy.max_batch_size))
-                raise ServiceError("overloaded", f"the queue is full ({len(self._queue)} inputs waiting); retry later",
-                                   retry_after_s=wait)
+                whose = f" for model {self.name}" if self.name else ""
+                raise ServiceError("overloaded", f"the queue is full{whose} ({len(self._queue)} inputs waiting); retry "
+                                   "later", retry_after_s=wait)
             now = time.monotonic()
-            if not (self._queue or self._running or self._prepared is not None or self._collating):
-                self._progress_at = now  # an idle batcher's clock starts with its work
+            if not self.has_work():
+                self.progress_at = now  # an idle model's clock starts with its work
+                self.device.wake_clock(self)
             entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
             self._queue.extend(entries)
             self._queued_tokens += sum(e.length for e in entries)
             sooner = ticket.deadline < self._earliest_deadline
             self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
-            # An idle runner packs it itself (module docstring); with a batch prepared the packer waits for a runner.
-            if self._runner_may_pack():
-                self._batch_ready.notify()
-            elif self._prepared is None or sooner:
+            # An idle runner picks it itself (module docstring); with a batch prepared the preparer waits for a runner.
+            if self.runner_may_pick():
+                self.device.batch_ready.notify()
+            elif self.prepared is None or sooner:
                 self._cond.notify()
 
     def cancel(self, ticket: Ticket) -> None:
@@ -131,16 +138,16 @@ class Batcher:
         ticket.cancelled = True
         self._cancelled_since_scan = True
 
-    # ---- packing (packer thread) ---------------------------------------------------------------
+    # ---- preparing (preparer thread) ------------------------------------------------------------
 
-    def _pack_loop(self) -> None:
+    def _prepare_loop(self) -> None:
         name_os_thread()
         while True:
             with self._lock:
                 chosen = self._wait_and_select()
                 if chosen is None:
-                    self._packer_finished = True
-                    self._batch_ready.notify_all()
+                    self.preparer_finished = True
+                    self.device.batch_ready.notify_all()
                     return
                 self._collating = True
             try:
@@ -152,8 +159,8 @@ class Batcher:
                 self._fail(chosen, ServiceError("internal", "internal error while preparing the batch"))
                 continue
             with self._lock:
-                self._prepared, self._collating = (chosen, batch), False
-                self._batch_ready.notify()
+                self.prepared, self._collating = (chosen, batch), False
+                self.device.batch_ready.notify()
 
     def _wait_and_select(self) -> list[Entry] | None:
         """Under the lock: wait until there is something to run and nowhere for it to wait, then pick it."""
@@ -162,8 +169,8 @@ class Batcher:
             self._drop_dead_entries()
             if self._stopping and not self._queue:
                 return None
-            if self._prepared is None and self._queue:
-                idle = self._running < policy.runners
+            if self.prepared is None and self._queue:
+                idle = sum(q.running for q in self.device.queues) < self.device.runners
                 short = self._queued_tokens < policy.max_batch_tokens // 2 and \
                     len(self._queue) < policy.max_batch_size
                 waited = time.monotonic() - self._queue[0].enqueued_at
@@ -179,8 +186,8 @@ class Batcher:
         self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
         self._queued_tokens -= sum(e.length for e in chosen)
         # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly. An
-        # empty queue has none, so that the next entry counts as sooner and wakes the packer: with a batch prepared,
-        # the packer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
+        # empty queue has none, so that the next entry counts as sooner and wakes the preparer: with a batch prepared,
+        # the preparer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
         # that entry at its deadline.
         if not self._queue:
             self._earliest_deadline = float("inf")
@@ -216,88 +223,49 @@ class Batcher:
                 alive.append(entry)
         self._set_queue(alive)
 
-    # ---- running (runner threads) --------------------------------------------------------------
+    # ---- what the device's runners ask (under the device's lock) ------------------------------------
 
-    def _run_loop(self) -> None:
-        name_os_thread()
-        lower_thread_priority(self.policy.runner_niceness)
-        on_device: LaunchedBatch | None = None
-        while True:
-            taken = self._take_prepared(on_device is not None)
-            if taken is None and on_device is None:
-                return
-            if taken is not None and taken[1] is None:  # picked by this runner (idle): collated here
-                taken = self._collate_own(taken[0])
-                if taken is None:
-                    continue
-            if not self.engine.overlaps:
-                try:
-                    self._run_batch(*taken)
-                finally:
-                    self._release()
-                continue
-            # The next batch goes to the device before the last one's results are read: with nothing prepared, the
-            # one in flight is finished at once (no batch waits for company that may not come).
-            launched = self._launch(*taken) if taken is not None else None
-            if taken is not None and launched is None:
-                self._release()  # dropped, or failed (and answered) at launch
-            if on_device is not None:
-                try:
-                    self._finish(on_device)
-                finally:
-                    self._release()
-            on_device = launched
-
-    def _runner_may_pack(self) -> bool:
-        """Under the lock: whether an idle runner picks the next batch itself (the batcher idle: module docstring)."""
-        return bool(self._idle_runners and self._queue and not self._running and self._prepared is None
+    def runner_may_pick(self) -> bool:
+        """Whether an idle runner picks this model's next batch itself (the model idle: module docstring)."""
+        return bool(self.device.idle_runners and self._queue and not self.running and self.prepared is None
                     and not self._collating and self.policy.max_wait_s == 0)
 
-    def _take_prepared(self, one_on_device: bool) -> tuple[list[Entry], PreparedBatch | None] | None:
-        """The prepared batch: waited for until the packer has finished, or with a batch in flight, None at once
-        unless the packer is about to prepare one (entries queued, or being collated); then up to AHEAD_WAIT_S.
-        With none on the device and the packer idle, the entries of the next batch, picked here, and None for
-        their batch: the runner collates them itself."""
-        with self._lock:
-            if not one_on_device:
-                self._idle_runners += 1
-                try:
-                    while self._prepared is None and not self._packer_finished:
-                        if self._runner_may_pack():
-                            self._drop_dead_entries()
-                            if self._queue:
-                                self._running += 1
-                                chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine)))
-                                self._cond.notify()  # what did not fit, if any: the packer prepares it
-                                return chosen, None
-                            continue
-                        self._batch_ready.wait()
-                finally:
-                    self._idle_runners -= 1
-            elif self._prepared is None and (self._queue or self._collating):
-                self._batch_ready.wait(AHEAD_WAIT_S)
-            taken, self._prepared = self._prepared, None
-            if taken is not None:
-                self._running += 1
-                self._cond.notify()  # the packer may prepare the next batch now
-            return taken
+    def preparing_soon(self) -> bool:
+        """Whether the preparer is about to have a batch ready (entries queued, or one being collated)."""
+        return self.prepared is None and bool(self._queue or self._collating)
 
-    def _collate_own(self, chosen: list[Entry]) -> tuple[list[Entry], PreparedBatch] | None:
-        """Collate a batch this runner picked itself; None (its entries failed, the batch released) if that fails."""
+    def take_prepared(self) -> tuple[list[Entry], PreparedBatch]:
+        taken, self.prepared = self.prepared, None
+        self.running += 1
+        self.clock += taken[1].real_tokens / self.weight
+        self._cond.notify()  # the preparer may prepare the next batch now
+        return taken
+
+    def pick_for_runner(self) -> list[Entry]:
+        """The entries of the next batch, for an idle runner to collate; [] if the queue turned out empty."""
+        self._drop_dead_entries()
+        if not self._queue:
+            return []
+        self.running += 1
+        chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine)))
+        self.clock += sum(e.length for e in chosen) / self.weight
+        self._cond.notify()  # what did not fit, if any: the preparer prepares it
+        return chosen
+
+    def wake_preparer(self) -> None:
+        self._cond.notify()
+
+    # ---- computing (on a runner's thread) ----------------------------------------------------------
+
+    def collate_own(self, chosen: list[Entry]) -> PreparedBatch | None:
+        """Collate a batch a runner picked itself; None (its entries failed, the batch released) if that fails."""
         try:
-            return chosen, self.engine.collate([e.item for e in chosen])
+            return self.engine.collate([e.item for e in chosen])
         except Exception:  # noqa: BLE001 - a bad batch fails its own entries only
             log.exception("collate failed")
             self._fail(chosen, ServiceError("internal", "internal error while preparing the batch"))
-            self._release()
+            self.device.release(self)
             return None
-
-    def _release(self) -> None:
-        """A taken batch is done with (answered, failed or dropped)."""
-        with self._lock:
-            self._running -= 1
-            self._progress_at = time.monotonic()
-            self._cond.notify()
 
     def _alive(self, chosen: list[Entry], batch: PreparedBatch) -> tuple[list[Entry], PreparedBatch | None]:
         """The entries still wanted (those whose client left while the batch waited are answered and not computed;
@@ -315,7 +283,7 @@ class Batcher:
             self.metrics.queue_seconds.observe(now - entry.enqueued_at)
         return alive, batch
 
-    def _run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> None:
+    def run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> None:
         alive, batch = self._alive(chosen, batch)
         if alive:
             self._run_splitting(alive, batch)
@@ -330,20 +298,20 @@ class Batcher:
         self._observe(started, batch, entries)
         self._hand_back(entries, results)
 
-    def _launch(self, chosen: list[Entry], batch: PreparedBatch) -> LaunchedBatch | None:
+    def launch(self, chosen: list[Entry], batch: PreparedBatch) -> LaunchedBatch | None:
         alive, batch = self._alive(chosen, batch)
         if not alive:
             return None
         started = time.perf_counter()
         try:
-            return LaunchedBatch(alive, batch, self.engine.launch(batch), started)
+            return LaunchedBatch(alive, batch, self.engine.launch(batch), started, self)
         except Exception as exc:  # noqa: BLE001 - as in _run_splitting (out of memory surfaces at launch)
             self._recover(alive, exc)
             return None
 
-    def _finish(self, on_device: LaunchedBatch) -> None:
+    def finish(self, on_device: LaunchedBatch) -> None:
         try:
-            results = self.engine.finish(on_device.launched)
+            results = self.engine.finish(on_device.work)
         except Exception:  # noqa: BLE001 - a device error found at the wait: this batch's entries fail
             log.exception("batch of %d failed", len(on_device.entries))
             self._fail(on_device.entries, ServiceError("internal", "internal error while computing the batch"))
@@ -397,4 +365,5 @@ class Batcher:
         self._fail([entry], error)
 
 
-__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "Entry", "LaunchedBatch", "PreparedBatch", "Sink", "Ticket"]
+__all__ = ["BatchEngine", "BatchPolicy", "Batcher", "DeviceRunners", "Entry", "LaunchedBatch", "PreparedBatch",
+           "Sink", "Ticket"]

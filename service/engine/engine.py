@@ -22,8 +22,19 @@ from model.attention import attention_pads
 from model.flops import BatchPricer, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from service.engine.graphs import EncoderGraphs, Layout, stage
-from service.engine.heads import Collector, launch_heads
-from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, Item, NspItem, QaItem, Result, TokenClassifyItem
+from service.engine.head_copies import Collector
+from service.engine.heads import launch_heads
+from service.tasks import (
+    ClassifyItem,
+    EncodeItem,
+    FillMaskItem,
+    Item,
+    LateInteractionItem,
+    NspItem,
+    QaItem,
+    Result,
+    TokenClassifyItem,
+)
 
 log = logging.getLogger("service")
 
@@ -65,7 +76,7 @@ class Batch:
 
 
 @dataclass
-class Launched:
+class DeviceWork:
     """A batch's device work, queued: `done` is recorded after its last copy (None on a CPU, done already)."""
 
     size: int
@@ -108,6 +119,11 @@ class Engine:
     def has_qa_head(self) -> bool:
         return self.model.qa_outputs is not None
 
+    @property
+    def late_interaction_dim(self) -> int:
+        """The width of a ColBERT's token vectors (0: not a ColBERT)."""
+        return self.model.projection.out_features if self.model.projection is not None else 0
+
     def flops(self, count: int, longest: int, real: int, real_squares: int,
               layers: int | None = None) -> tuple[float, float]:
         """(FLOPs of one packed batch through `layers` (all by default), the part spent on padding): see
@@ -125,11 +141,13 @@ class Engine:
         ids = torch.from_numpy(np.fromiter(chain.from_iterable(i.input_ids for i in items), dtype=np.int64))
         types = torch.from_numpy(np.fromiter(chain.from_iterable(i.token_type_ids for i in items), dtype=np.int64))
         lengths = [len(item) for item in items]
-        packing = Packing.from_lengths(lengths)
+        keys = _attended(items)
+        packing = Packing.from_lengths(lengths, keys)
         flops, padding = self.flops(len(items), max(lengths), sum(lengths), sum(n * n for n in lengths),
                                     None if self._runs_heads(items) else self.model.config.served_embedding_layer)
+        # The graphs attend each sequence to all of itself: a batch where some do not runs op by op.
         layout = self.graphs.layout_for(len(ids), len(items), self._runs_heads(items)) \
-            if self.graphs is not None else None
+            if self.graphs is not None and keys is None else None
         if layout is not None:  # one page-locked buffer, one copy to the device
             staged = stage(ids.numpy(), types.numpy(), packing, layout, pin=self.device.type == "cuda")
             return Batch(ids, types, packing, items, flops, padding, staged, layout)
@@ -149,7 +167,7 @@ class Engine:
         return self.device.type == "cuda"
 
     @torch.inference_mode()
-    def launch(self, batch: Batch) -> Launched:
+    def launch(self, batch: Batch) -> DeviceWork:
         """Queue the batch's whole device work: inputs up, the encoder, every item's head, the outputs' copies down."""
         # Graphed batches share the graphs' memory: the next replay may start once this one's heads are queued.
         with self._graph_memory if batch.staged is not None else nullcontext():
@@ -168,14 +186,14 @@ class Engine:
             if self.device.type == "cuda":
                 done = torch.cuda.Event()
                 done.record()
-        return Launched(batch.size, collectors, done)
+        return DeviceWork(batch.size, collectors, done)
 
-    def finish(self, launched: Launched) -> list[Result]:
+    def finish(self, work: DeviceWork) -> list[Result]:
         """Wait for a launched batch's device work (the GIL is free meanwhile) and build its results."""
-        if launched.done is not None:
-            launched.done.synchronize()
-        results: list[Result | None] = [None] * launched.size
-        for collect in launched.collectors:
+        if work.done is not None:
+            work.done.synchronize()
+        results: list[Result | None] = [None] * work.size
+        for collect in work.collectors:
             collect(results)
         return results
 
@@ -213,5 +231,17 @@ class Engine:
         if self.has_qa_head:
             items.append(QaItem(two, [0, 0, 0, 1, 1]))
         self.run(self.collate(items))
+        if self.late_interaction_dim:  # a ColBERT query whose [MASK] is no key, a document: their own batch (op by op)
+            self.run(self.collate([LateInteractionItem(two, [0] * 5, keys=3),
+                                   LateInteractionItem(one, [0] * 3, kept=[0, 2])]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _attended(items: list[Item]) -> list[int] | None:
+    """How many leading tokens of each item the others attend to, where some item restricts it (a ColBERT query whose
+    [MASK] expansion is not read); None when every token of every item is read."""
+    keys = [item.keys if isinstance(item, LateInteractionItem) else None for item in items]
+    if all(k is None for k in keys):
+        return None
+    return [len(item) if k is None else k for item, k in zip(items, keys)]

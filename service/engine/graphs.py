@@ -13,7 +13,7 @@ replays them in one call. Graphs need fixed shapes and fixed addresses, which th
 - attention is FlashAttention over the packed sequences (`model.attention.attend_varlen`), whose shapes depend
   on N alone; it is told the model's longest input as the longest sequence, so one graph serves every mix;
 - a batch's inputs (ids, token types, positions, rows, cumulative lengths, starts) travel as one int32 host
-  buffer laid out for its bucket (`stage`, built by the packer thread ahead of time) and reach the device in
+  buffer laid out for its bucket (`stage`, built by the preparer thread ahead of time) and reach the device in
   one copy, into the buffer the graphs read.
 
 Padding rows compute values that nothing reads: every layer but attention works row by row, and attention

@@ -1,9 +1,9 @@
 """Each item's own head over its batch's hidden states, in two halves so that the host never waits mid-batch.
 
 `launch_heads` queues the device work (pooling, the MLM head at [MASK] positions only, pooler + NSP or
-classifier on [CLS], SPLADE weights) and the copies of what the items asked for to the host, and returns
-*collectors*; once the batch's device work has finished (the engine waits on one event), each collector
-turns its host arrays into the items' results. On a GPU the copies land in page-locked memory and the index
+classifier on [CLS], SPLADE weights, a ColBERT's token vectors: service.engine.colbert_head) and the copies of
+what the items asked for to the host, and returns *collectors*; once the batch's device work has finished (the
+engine waits on one event), each collector turns its host arrays into the items' results. On a GPU the copies land in page-locked memory and the index
 tensors go up without a stream sync, so the engine can launch the next batch before it collects this one.
 On a CPU everything has happened by the time `launch_heads` returns.
 """
@@ -11,7 +11,6 @@ On a CPU everything has happened by the time `launch_heads` returns.
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import Callable
 
 import numpy as np
 import torch
@@ -19,6 +18,8 @@ import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
 from model.packing import Packing
+from service.engine import colbert_head
+from service.engine.head_copies import Collector, to_device, to_host
 from service.tasks import (
     ClassifyItem,
     ClassLogits,
@@ -40,20 +41,6 @@ from service.tasks import (
     TokenVectors,
 )
 
-Collector = Callable[[list], None]  # fills its items' places in a batch's list of results
-
-
-def to_host(values: torch.Tensor) -> torch.Tensor:
-    """A copy on the host, valid once the device has caught up (from CUDA: page-locked, queued, not waited for).
-    On a CPU a copy too, not the tensor itself: a graph's output read later would be the next batch's."""
-    return values.to("cpu", non_blocking=True, copy=True)
-
-
-def to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """Host integers as a device index; the copy is queued without waiting for the device's queued work."""
-    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
-
-
 def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.Tensor, hidden: torch.Tensor | None,
                  packing: Packing, starts: list[int]) -> list[Collector]:
     """The device work of every item's head; `embedded` feeds /encode, `hidden` (the last layer) the other heads."""
@@ -64,7 +51,8 @@ def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.T
                   _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits),
                   _sparse(model, items, hidden, starts), _per_token(items, hidden, starts, TokenClassifyItem,
                                                                     model.classifier, TokenLogits),
-                  _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits)]
+                  _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits),
+                  colbert_head.launch_colbert(model, items, hidden, starts)]
     return [collect for collect in found if collect is not None]
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.engine.batcher import Batcher, Ticket
-from service.engine.loader import LoadedEngine, load_engine
+from service.engine.long_inputs import folder
+from service.engine.models import EngineModels, load_models
 from service.errors import ServiceError
 from service.messages import Heartbeat, ModelFacts
 from service.metrics import Metrics
@@ -56,7 +57,7 @@ def _settle(tickets: list[Ticket]) -> None:
 def submit(batcher: Batcher, sink: LoopSink, items: list[Item], deadline: float, trace: str | None = None
            ) -> LocalPending:
     """Queue a request's items; when one of them fails, the rest of the request is not computed."""
-    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future(), trace=trace)
+    ticket = Ticket(deadline, len(items), sink, tag=sink.loop.create_future(), trace=trace, finish=folder(items))
     batcher.submit(items, ticket)
     return LocalPending(ticket.tag, ticket, batcher)
 
@@ -68,35 +69,38 @@ class LocalLink:
         self.settings = settings
         self.metrics = metrics
         self.engine_factory = engine_factory
-        self.loaded: LoadedEngine | None = None
+        self.models: EngineModels | None = None
         self.detail = "loading the model"
 
-    async def start(self, checkpoint: Path) -> ModelFacts:
-        settings = self.settings.model_copy(update={"checkpoint": str(checkpoint)})
-        self.loaded = await asyncio.to_thread(load_engine, settings, self.metrics, self.engine_factory)
+    async def start(self, directories: dict[str, Path]) -> list[ModelFacts]:
+        self.models = await asyncio.to_thread(load_models, self.settings, self.metrics, directories,
+                                              self.engine_factory)
         self.sink = LoopSink(asyncio.get_running_loop())
-        return self.loaded.facts
+        return self.models.facts
 
     async def loading(self) -> None:
         return  # the engine is this process's, and it loads in `start`
 
-    def submit(self, items: list[Item], deadline: float, trace: str | None = None) -> LocalPending:
+    def submit(self, items: list[Item], deadline: float, model: str = "", trace: str | None = None) -> LocalPending:
         failure = self.failure()
         if failure is not None:  # stuck: waiting would only end at the deadline
             raise ServiceError("unavailable", failure, retry_after_s=5)
-        return submit(self.loaded.batcher, self.sink, items, deadline, trace)
+        batcher = self.models.batcher(model)
+        if batcher is None:
+            raise ServiceError("not_found", f"no model is named {model!r} here")
+        return submit(batcher, self.sink, items, deadline, trace)
 
     def failure(self) -> str | None:
         """A dead batching thread, or one stuck (the heartbeat the engine process sends, read here directly)."""
-        if self.loaded is None:
+        if self.models is None:
             return None
-        if not self.loaded.batcher.workers_alive:
+        if not self.models.workers_alive:
             return "a batching thread has died; restart the server"
-        return Heartbeat(self.loaded.batcher.stalled_for()).problem(self.settings.stall_timeout_s)
+        return Heartbeat(self.models.stalled_for()).problem(self.settings.stall_timeout_s)
 
     def computing(self) -> bool:
         return self.failure() is None
 
     async def stop(self) -> None:
-        if self.loaded is not None:
-            await asyncio.to_thread(self.loaded.batcher.stop)
+        if self.models is not None:
+            await asyncio.to_thread(self.models.stop)

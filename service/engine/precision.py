@@ -1,19 +1,22 @@
 """What number format the served model computes in, decided once at start-up from `--dtype` and the device.
 
-- auto: float32 on CPU (exact), bfloat16 on GPUs that have it, else float16.
+- auto: bfloat16 on GPUs that have it, else float16; on a CPU, bfloat16 where the CPU computes it natively and the
+  model's answers stay at float32's on the calibration sentences, else float32 (`service.engine.precision_probe`).
 - bfloat16 / float16 / float32: weights and activations in that type.
 - int8 (CPU only): the encoder's Linear layers in int8, per-token activation scales and SmoothQuant
-  (`model.quantize`, scheme and alpha chosen by the fidelity and speed measurements in BENCHMARKS.md),
+  (`kernels.quantize`, scheme and alpha chosen by the fidelity and speed measurements in BENCHMARKS.md),
   calibrated at start-up on a few sentences shipped with the package; everything else (attention,
   LayerNorm, GELU, embeddings, heads) in float32. bfloat16 around the int8 products was tried and
   shipped once; measured again after the int8 layers' own elementwise work was trimmed, the two are
   level in speed within run-to-run noise, and float32 around them keeps fill-mask answers closer to
   float32 (top-1 agreement 98.7% vs 97.0%) with no conversions in and out of each int8 layer
-  (BENCHMARKS.md). With numba (pinned in the requirements) the int8 layers' quantization, dequantization
-  and the feed-forward's GELU run as fused kernels (`model.int8_kernels`); without it, as eager PyTorch.
-  On CPUs with AVX512-VNNI and a C compiler, the products run in `model.int8_vnni`'s kernel (the same integers
-  as torch._int_mm, faster, most of all for a query's few tokens), and each encoder layer runs as one C call
-  (`model.int8_layer`); /info says which of these run.
+  (BENCHMARKS.md). On CPUs with AVX512-VNNI and a C compiler each encoder layer runs as one C call
+  (`kernels.int8_layer`); elsewhere as modules, their steps in numba's kernels or torch, their products in the
+  VNNI kernel or torch._int_mm: the same bits in every case but attention's (`kernels.int8_path`). /info says
+  which runs.
+
+On a CPU, at every precision, attention for short sequences runs in `kernels.attention`'s C kernel where the CPU
+has AVX-512: `prepare_model` installs it into the model.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+import kernels
 from model.bert import BertForPreTraining
 from model.device import cpu_has_native_bf16
 from model.fuse import fuse_attention_projections
@@ -43,6 +47,7 @@ class PrecisionError(ValueError):
 class Precision:
     name: str  # what /info shows
     dtype: torch.dtype  # of weights and activations outside int8 layers
+    reason: str = ""  # how --dtype auto came to it (/info's dtype_reason); empty for an explicit --dtype
 
     @property
     def is_int8(self) -> bool:
@@ -54,27 +59,19 @@ def choose(choice: str, device: torch.device) -> Precision:
         if device.type != "cpu":
             raise PrecisionError("--dtype int8 runs on CPU only (its int8 kernels are CPU ones); on a GPU use "
                                  "--dtype auto (bfloat16) or float16")
-        from model import int8_kernels  # here, not at the top: only int8 pays for importing numba
+        from kernels import int8_layer, int8_path  # here, not at the top: only int8 pays for building its kernels
 
-        kernels = "fused kernels" if int8_kernels.AVAILABLE else "eager kernels: install numba for the fused ones"
-        if not int8_kernels.AVAILABLE:
-            log.warning("--dtype int8: numba is not installed, so int8 runs without its fused kernels (about 15% "
-                        "slower; model/int8_kernels.py)")
-        from model import int8_layer, int8_vnni
-
-        if int8_vnni.kernel() is None:
-            products = f"torch._int_mm products: {int8_vnni.why_not()}"
-        elif int8_layer.kernel() is None:
-            products = f"VNNI products; layers as modules: {int8_layer.why_not()}"
-        else:
-            products = "VNNI products; each layer in one C call"
+        path = int8_path.describe()
+        if int8_layer.kernel() is None:
+            log.warning("--dtype int8: %s (slower than one C call a layer)", path)
         return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere; "
-                         f"{kernels}; {products})", torch.float32)
+                         f"{path})", torch.float32)
     if choice == "auto":
-        if device.type != "cuda":
+        if device.type != "cuda":  # the start-up decides on a CPU, with the model (precision_probe)
             return Precision("float32", torch.float32)
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return Precision(str(dtype).removeprefix("torch."), dtype)
+        name = str(dtype).removeprefix("torch.")
+        return Precision(name, dtype, f"auto: {name} (the fastest type this GPU computes natively)")
     if choice == "bfloat16" and device.type == "cpu" and not cpu_has_native_bf16():
         log.warning("--dtype bfloat16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); it will be emulated "
                     "and slower than float32")
@@ -82,11 +79,12 @@ def choose(choice: str, device: torch.device) -> Precision:
 
 
 def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: WordPieceTokenizer) -> BertForPreTraining:
-    """The model as it will be served: quantized for int8 (after calibration), else with each attention layer's
-    query, key and value computed by one matrix product."""
+    """The model as it will be served: with the CPU attention kernel installed, and quantized for int8 (after
+    calibration), else with each attention layer's query, key and value computed by one matrix product."""
+    kernels.install()
     if not precision.is_int8:
         return fuse_attention_projections(model)
-    from model.quantize import calibrate, quantize
+    from kernels.quantize import calibrate, quantize
 
     sentences = [line for line in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if line.strip()]
     batches = [(torch.tensor([e.ids]), torch.tensor([e.type_ids])) for e in tokenizer.encode_batch(sentences, truncate=True)]

@@ -23,10 +23,11 @@ import time
 
 import zmq
 
-from service.engine.batcher import Ticket
-from service.engine.loader import LoadedEngine, load_engine
+from service.engine.batcher import Batcher, Ticket
+from service.engine.long_inputs import folder
+from service.engine.models import EngineModels, load_models
 from service.errors import ServiceError
-from service.launch import die_with_parent, read_launch_record
+from service.launch import die_with_parent, read_launch_record, sources_from
 from service.logs import configure_logging
 from service.memory import freeze_loaded_objects
 from service.messages import (
@@ -60,7 +61,7 @@ class Replies:
 
     def __init__(self, socket: zmq.Socket, requests: dict):
         self.socket = socket
-        self.requests = requests  # (identity, request id) -> Ticket, for Cancel
+        self.requests = requests  # (identity, request id) -> (its model's Batcher, Ticket), for Cancel
         self.lock = threading.Lock()
 
     def deliver(self, tickets: list[Ticket]) -> None:
@@ -82,8 +83,9 @@ class Replies:
 
 
 class EngineServer:
-    def __init__(self, settings: Settings, directory: str):
+    def __init__(self, settings: Settings, directory: str, sources: dict | None = None):
         self.settings = settings
+        self.directories = {name: found.path for name, found in (sources or {}).items()} or None
         self.context = zmq.Context()
         inbox_address, outbox_address = endpoints(directory)
         self.inbox = new_socket(self.context, zmq.PULL)
@@ -91,11 +93,11 @@ class EngineServer:
         outbox = new_socket(self.context, zmq.PUB)
         outbox.setsockopt(zmq.LINGER, 1000)  # replies already sent go out before the process does
         outbox.bind(outbox_address)
-        self.requests: dict[tuple[bytes, int], Ticket] = {}
+        self.requests: dict[tuple[bytes, int], tuple[Batcher, Ticket]] = {}
         self.replies = Replies(outbox, self.requests)
         self.metrics = Metrics()
         self.status = Status("loading", "loading the model")
-        self.loaded: LoadedEngine | None = None
+        self.models: EngineModels | None = None
         self.tracing = setup_tracing(settings, "engine")  # traces on: the batches' spans (the batcher finds it)
         self.stopping = threading.Event()
 
@@ -111,14 +113,14 @@ class EngineServer:
                 if self.status.state == "ready" and time.monotonic() >= next_beat:
                     # Sent by this thread, not the compute threads: a stopped process falls silent, a hung
                     # compute thread shows in the value (service.engine.batcher.Batcher.stalled_for).
-                    self.replies.send(EVERYONE, [encode(Heartbeat(self.loaded.batcher.stalled_for()))])
+                    self.replies.send(EVERYONE, [encode(Heartbeat(self.models.stalled_for()))])
                     next_beat = time.monotonic() + beat_every
             if self.status.state == "failed":
                 time.sleep(FLUSH_S)
                 return 1
             self._set_status(Status("draining", "shutting down"))
-            if self.loaded is not None:
-                self.loaded.batcher.stop()  # computes what is queued; its replies go out as it does
+            if self.models is not None:
+                self.models.stop()  # computes what is queued; its replies go out as it does
             return 0
         finally:
             if self.tracing is not None:
@@ -129,14 +131,14 @@ class EngineServer:
 
     def _load(self) -> None:
         try:
-            self.loaded = load_engine(self.settings, self.metrics)
+            self.models = load_models(self.settings, self.metrics, self.directories)
         except Exception as exc:  # noqa: BLE001 - reported to the front ends and the log; the process exits 1
             log.error("cannot serve: %s", exc)
             print(f"error: {exc}", file=sys.stderr, flush=True)
             self._set_status(Status("failed", str(exc)))
             return
         freeze_loaded_objects()
-        self._set_status(Status("ready", facts=self.loaded.facts))
+        self._set_status(Status("ready", models=self.models.facts))
 
     def _set_status(self, status: Status) -> None:
         self.status = status
@@ -157,23 +159,30 @@ class EngineServer:
                 if isinstance(message, Submit):
                     self._submit(identity, message)
                 elif isinstance(message, Cancel):
-                    ticket = self.requests.pop((identity, message.request_id), None)
-                    if ticket is not None:
-                        self.loaded.batcher.cancel(ticket)  # its entries that have not run are dropped
+                    found = self.requests.pop((identity, message.request_id), None)
+                    if found is not None:
+                        batcher, ticket = found
+                        batcher.cancel(ticket)  # its entries that have not run are dropped
                 elif isinstance(message, Hello):
                     self.replies.send(topic(identity), [encode(self.status)])
 
     def _submit(self, identity: bytes, message: Submit) -> None:
-        if self.loaded is None or self.status.state != "ready":
+        if self.models is None or self.status.state != "ready":
             reason = {"loading": "the model is still loading", "draining": "the server is shutting down"}
             self._refuse(identity, message.request_id, ServiceError(
                 "unavailable", reason.get(self.status.state, "the engine is not ready"), retry_after_s=1))
             return
+        batcher = self.models.batcher(message.model)
+        if batcher is None:  # the front ends check names first: a front end of another server's models
+            self._refuse(identity, message.request_id, ServiceError(
+                "not_found", f"no model is named {message.model!r} here"))
+            return
         key = (identity, message.request_id)
-        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key, trace=message.trace)
-        self.requests[key] = ticket
+        ticket = Ticket(message.deadline, len(message.items), self.replies, tag=key, trace=message.trace,
+                        finish=folder(message.items))
+        self.requests[key] = (batcher, ticket)
         try:
-            self.loaded.batcher.submit(message.items, ticket)
+            batcher.submit(message.items, ticket)
         except ServiceError as exc:  # the queue is full, or the batcher is stopping
             self.requests.pop(key, None)
             self._refuse(identity, message.request_id, exc)
@@ -187,7 +196,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
     settings, record = read_launch_record()
     configure_logging(settings.log_level, settings.log_format, "engine")
-    return EngineServer(settings, record["directory"]).run()
+    return EngineServer(settings, record["directory"], sources_from(record)).run()
 
 
 if __name__ == "__main__":

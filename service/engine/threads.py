@@ -13,7 +13,7 @@ PR_SET_NAME = 15
 
 def name_os_thread() -> None:
     """Give the calling thread its Python name at the OS level too (Linux, 15 characters), so that
-    `top -H`, py-spy and /proc show which thread is the packer and which are the runners."""
+    `top -H`, py-spy and /proc show which thread is the preparer and which are the runners."""
     name = threading.current_thread().name
     try:
         libc = ctypes.CDLL(None)

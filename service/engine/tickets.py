@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +37,9 @@ class Ticket:
     cancelled: bool = False  # set by the caller when its client goes away
     error: ServiceError | None = None
     trace: str | None = None  # the request's W3C traceparent when it is traced (its batches' spans link to it)
+    # Turns the inputs' results into the request's once all are in (service.engine.long_inputs.folder: the windows of
+    # a long input folded into one vector); None keeps them as they are.
+    finish: Callable[[list], list] | None = None
     results: list = field(init=False)
     missing: int = field(init=False)
     # Where its time went, noted as its batches finish (`note_batch`, below):
@@ -56,6 +60,8 @@ class Ticket:
             return True
         self.results[index] = result
         self.missing -= 1
+        if self.missing == 0 and self.finish is not None:
+            self.results = self.finish(self.results)
         return self.missing == 0
 
 
@@ -65,8 +71,9 @@ class LaunchedBatch:
 
     entries: list[Entry]
     batch: PreparedBatch
-    launched: Any  # the engine's handle, for finish
+    work: Any  # the engine's handle on the batch's queued device work, for finish
     started: float  # time.perf_counter() at launch
+    queue: Any = None  # the model's Batcher it came from, which finishes it
 
 
 @dataclass(eq=False)  # entries are compared by identity: equal items of two requests are two entries

@@ -17,10 +17,13 @@ from service.frontend.fast_routes import FastRoutes
 from service.frontend.admission import Admission, LocalRequestCount
 from service.frontend.guards import BodyLimit, CloseWhenDraining, RequestMetrics
 from service.frontend.http_errors import install_error_handlers
+from service.frontend.model_prefix import MODEL_SCOPE, ModelPrefix
 from service.frontend.pages import mount_assets, pages, playground_page
 from service.frontend.request_context import RequestContext
 from service.frontend.routes import api, public
 from service.frontend.routes_classify import classify
+from service.frontend.routes_cohere import cohere
+from service.frontend.routes_colbert import colbert
 from service.frontend.routes_openai import openai, openai_alias
 from service.frontend.routes_root import root
 from service.frontend.routes_tei import tei
@@ -40,7 +43,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     process's own count; `service.frontend.admission.SharedRequestCount` counts those of every front end).
     `fast_routes=False` leaves the computing routes to FastAPI too (tests compare the two)."""
     settings = runtime.settings
-    requests = admission or LocalRequestCount()  # one admission count for HTTP and gRPC
+    requests = admission or LocalRequestCount(len(runtime.models))  # one admission count for HTTP and gRPC
     grpc_front_end = None
     if settings.grpc_port is not None:  # TEI's gRPC API beside HTTP, over the same runtime (docs/grpc.md)
         from service.frontend.tei_grpc.server import GrpcFrontEnd
@@ -87,7 +90,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     app.state.runtime = runtime
     app.state.on_load_failure = None
     app.state.on_loaded = None  # called once loading succeeded (service.frontend.serve: the garbage collector)
-    routers = (public, api, openai, openai_alias, tei, classify, tokens, root)
+    routers = (public, api, openai, openai_alias, tei, classify, tokens, colbert, cohere, root)
     for router in routers:
         app.include_router(router)
 
@@ -105,7 +108,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     mount_assets(app)
 
     def count_failure(kind: str, request) -> None:
-        runtime.metrics.failures.labels(route_label(request.url.path), kind).inc()
+        runtime.metrics.failures.labels(route_label(request.url.path), kind, request.scope.get(MODEL_SCOPE, "")).inc()
 
     install_error_handlers(app, on_error=count_failure)
     metrics = runtime.metrics
@@ -113,7 +116,7 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
         app.add_middleware(FastRoutes, routes=routes, on_error=count_failure)
     # Listed innermost first. Admission sits inside BodyLimit: a request counts once its body is in.
     app.add_middleware(Admission, limit=settings.max_concurrent_requests, api_routes=api_routes, metrics=metrics,
-                       route_label=route_label, requests=requests)
+                       route_label=route_label, requests=requests, models=list(runtime.models))
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, api_routes=api_routes, metrics=metrics,
                        route_label=route_label, idle_timeout_s=settings.body_idle_timeout_s,
                        total_timeout_s=settings.body_timeout_s)
@@ -123,11 +126,13 @@ def create_http_app(runtime: Runtime, admission=None, fast_routes: bool = True) 
     if settings.metrics_require_key:
         keyed.add(("GET", "/metrics"))
     app.add_middleware(ApiKey, key=settings.api_key, keyed=frozenset(keyed),
-                       on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized").inc())
+                       on_refused=lambda path: metrics.failures.labels(route_label(path), "unauthorized", "").inc())
     app.add_middleware(CloseWhenDraining, lifecycle=runtime.lifecycle)
     app.add_middleware(RequestMetrics, metrics=metrics, counts=runtime.requests, route_label=route_label)
+    # /models/{name}/... is the route without the prefix, for that model, to everything above.
+    app.add_middleware(ModelPrefix, runtime=runtime, api_routes=api_routes)
     # Outermost: every answer, refusals included, carries its request id (and, when kept, its trace and log line).
     app.add_middleware(RequestContext, route_label=route_label, tracing=runtime.tracing,
                        keep_records=settings.log_format == "json", log_requests=settings.log_requests,
-                       model=lambda: runtime.model_name)
+                       default_model=lambda: runtime.model_name)
     return app

@@ -54,11 +54,12 @@ async def request_json(request: Request) -> Any:
 
 
 class _ParsedRequest(Request):
-    """A request whose JSON has been read already: FastAPI takes it from here instead of `json.loads`."""
+    """A request whose JSON has been read already: FastAPI takes it from here instead of `json.loads`. FastAPI
+    still reads the body's bytes first: they come again from a `receive` that replays them (plain ASGI), then
+    the connection's own."""
 
-    def __init__(self, request: Request, value: Any):
-        super().__init__(request.scope, request.receive)
-        self._body = request._body  # noqa: SLF001 - Starlette's cache of the bytes read, which FastAPI reads again
+    def __init__(self, request: Request, raw: bytes, value: Any):
+        super().__init__(request.scope, _replaying(raw, request.receive))
         self._value = value
 
     async def json(self) -> Any:
@@ -75,9 +76,24 @@ class ParsedBodyRoute(APIRoute):
             return handler
 
         async def parse_first(request: Request):
-            return await handler(_ParsedRequest(request, await request_json(request)))
+            raw = await request.body()
+            return await handler(_ParsedRequest(request, raw, await request_json(request)))
 
         return parse_first
+
+
+def _replaying(raw: bytes, receive):
+    """An ASGI `receive` that gives the body `raw` once, then whatever the connection's `receive` gives."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _describe(reason: str) -> str:

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from service.frontend.body import request_json
 from service.frontend.disconnects import HTTP_CYCLE, can_sweep
 from service.frontend.http_errors import answer_exception
+from service.frontend.model_prefix import split_model_path
 
 
 @dataclass
@@ -113,10 +114,15 @@ class DirectEntry:
                 self.paths = frozenset(self.chain.table)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.paths:
+        if scope["type"] == "http" and scope["method"] == "POST" and self._computing(scope["path"]):
             scope["app"] = self.app  # what Starlette sets: the routes' dependencies read the app's state
             cycle = can_sweep(receive)
             if cycle is not None:  # the middleware wraps `receive`: the routes find the request object here
                 scope[HTTP_CYCLE] = cycle
             return await self.chain(scope, receive, send)
         return await self.app(scope, receive, send)
+
+    def _computing(self, path: str) -> bool:
+        """A computing route, for the default model or under /models/{name} (ModelPrefix, in the chain, strips it)."""
+        split = split_model_path(path)
+        return (split[1] if split is not None else path) in self.paths

@@ -16,6 +16,7 @@ from typing import TypeVar
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
+from model.matryoshka import shorten
 from model.tokenizer import EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
 from service.frontend import answer_size
@@ -97,11 +98,13 @@ class FrontDoor:
     def __init__(self, tokenizer: WordPieceTokenizer, engine: EngineLink, limits: Limits, metrics: Metrics,
                  queue_timeout_s: float, has_mlm_head: bool, has_nsp_head: bool, width: int, num_labels: int = 0,
                  classifier_pairs: bool = False, deadline_grace_s: float = 2.0, num_token_labels: int = 0,
-                 has_qa_head: bool = False):
+                 has_qa_head: bool = False, late_interaction_dim: int = 0, long_input_window: int = 0,
+                 long_input_overlap: int = 0, model: str = ""):
         self.tokenizer = tokenizer
         self.engine = engine
         self.limits = limits
-        self.metrics = metrics
+        self.model = model  # the served model's name: what the engine computes these requests with
+        self.metrics = metrics.for_model(model)
         self.queue_timeout_s = queue_timeout_s
         self.deadlines = DeadlineWatch(queue_timeout_s + deadline_grace_s, engine.computing, self._give_up)
         self.has_mlm_head = has_mlm_head
@@ -111,6 +114,9 @@ class FrontDoor:
         self.classifier_pairs = classifier_pairs  # whether the classifier reads [a, b] pairs (a cross-encoder)
         self.num_token_labels = num_token_labels  # outputs of a token-classification head (0: none)
         self.has_qa_head = has_qa_head  # an extractive question-answering head
+        self.late_interaction_dim = late_interaction_dim  # a ColBERT projection's width (0: none)
+        self.long_input_window = long_input_window or tokenizer.model_max_length  # tokens of a chunked input's window
+        self.long_input_overlap = long_input_overlap  # pieces shared by neighbouring windows of a chunked input
 
     def heads(self) -> str:
         """What this checkpoint can do, for errors that refuse a route it cannot serve."""
@@ -118,12 +124,14 @@ class FrontDoor:
             (["next-sentence head"] if self.has_nsp_head else []) + \
             ([f"classification head ({self.num_labels} outputs)"] if self.num_labels else []) + \
             ([f"token-classification head ({self.num_token_labels} labels)"] if self.num_token_labels else []) + \
-            (["question-answering head"] if self.has_qa_head else [])
+            (["question-answering head"] if self.has_qa_head else []) + \
+            ([f"ColBERT projection ({self.late_interaction_dim} wide)"] if self.late_interaction_dim else [])
         return ", ".join(names)
 
     def _require(self, present: bool, route_needs: str) -> None:
         if not present:
-            raise ServiceError("unsupported", f"{route_needs}; this checkpoint has: {self.heads()}")
+            which = f" (model {self.model})" if self.model else ""
+            raise ServiceError("unsupported", f"{route_needs}; this checkpoint has: {self.heads()}{which}")
 
     # ---- tasks ---------------------------------------------------------------------------------
 
@@ -139,12 +147,13 @@ class FrontDoor:
         shortened = dimensions is not None and dimensions < self.width and pooling != "none"
         limits = limits or self.limits
         items, encoded = await self._tokenize(inputs, lambda: encode_items(
-            self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field))
+            self.tokenizer, inputs, pooling, normalize and not shortened, prep, limits, field,
+            window=self.long_input_window, overlap=self.long_input_overlap))
         answer_size.check_vectors([len(e.ids) for e in encoded], dimensions if shortened else self.width,
                                   pooling != "none", base64, limits.max_response_mb)
         results = await self._compute(items, gone)
         if shortened:
-            results = [PooledVector(_shorten(r.vector, dimensions, normalize)) for r in results]
+            results = [PooledVector(shorten(r.vector, dimensions, normalize)) for r in results]
         return [EncodeOutput(e, r) for e, r in zip(encoded, results)]
 
     async def classify(self, entries: list, prep: Preparation, gone: Waiter = None,
@@ -259,10 +268,12 @@ class FrontDoor:
         submitted = time.monotonic()
         deadline = submitted + self.queue_timeout_s
         if record is None:
-            pending = self.engine.submit(items, deadline)
+            pending = self.engine.submit(items, deadline, self.model)
         else:
             deadline = min(deadline, record.deadline or deadline)
-            pending = self.engine.submit(items, deadline, record.trace.traceparent if record.trace else None)
+            record.model = self.model
+            pending = self.engine.submit(items, deadline, self.model,
+                                         record.trace.traceparent if record.trace else None)
         watched = self.deadlines.watch(pending)
         left = False
 
@@ -310,13 +321,6 @@ class FrontDoor:
                                               tokenizer.decode(filled, skip_special_tokens=False)))
             masks.append(MaskOutput(mask.position, predictions))
         return masks
-
-
-def _shorten(vector: np.ndarray, dimensions: int, normalize: bool) -> np.ndarray:
-    vector = vector[:dimensions]
-    if normalize:
-        vector = vector / max(float(np.linalg.norm(vector)), 1e-12)
-    return vector
 
 
 def _nsp_output(result: NspLogits) -> NspOutput:

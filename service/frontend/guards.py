@@ -22,6 +22,7 @@ import time
 
 from service.frontend.disconnects import can_sweep
 from service.frontend.http_errors import error_response
+from service.frontend.model_prefix import MODEL_SCOPE
 from service.metrics import Metrics
 
 
@@ -49,9 +50,9 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_and_count)
         finally:
-            route = self.route_label(scope["path"])
-            self.metrics.requests.labels(route, str(status_holder.get("status", 500))).inc()
-            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - started)
+            route, model = self.route_label(scope["path"]), scope.get(MODEL_SCOPE, "")
+            self.metrics.requests.labels(route, str(status_holder.get("status", 500)), model).inc()
+            self.metrics.request_seconds.labels(route, model).observe(time.perf_counter() - started)
 
 
 class CloseWhenDraining:
@@ -98,7 +99,7 @@ class BodyLimit:
             refused, body, headers = ("request_timeout", str(late)), None, {"Connection": "close"}
         if refused or body is None:
             kind, message = refused or self._too_large()
-            self.metrics.failures.labels(self.route_label(scope["path"]), kind).inc()
+            self.metrics.failures.labels(self.route_label(scope["path"]), kind, scope.get(MODEL_SCOPE, "")).inc()
             return await error_response(kind, message, scope["path"], headers=headers)(scope, receive, send)
         await self.app(scope, _replay(body, receive), send)
 

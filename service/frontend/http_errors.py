@@ -8,6 +8,8 @@ each API's own clients understand it:
 - text-embeddings-inference routes (`/embed`, `/rerank`, ... and the root route): `{"error", "error_type"}`
   with TEI's error types spelled as TEI's server sends them (`Validation`, `Empty`, ...) and TEI's status
   for each type (Empty 400, Backend 424); kinds TEI has no type for keep our status and read `Validation`.
+- Cohere-compatible rerank routes (`/v1/rerank`, `/v2/rerank`): `{"message": "..."}` as Cohere's API answers, with
+  400 for a request that cannot succeed (Cohere's "invalid request"), so the `cohere` SDK raises its BadRequestError.
 No traceback, file path or FastAPI `{"detail": ...}` body leaves the service.
 """
 
@@ -40,6 +42,8 @@ STATUS = {
     "method_not_allowed": 405,
     "internal": 500,
 }
+COHERE_ROUTES = frozenset({"/v1/rerank", "/v2/rerank"})  # before OpenAI's /v1/ prefix
+COHERE_STATUS = {"validation": 400, "empty": 400, "unsupported": 400}
 OPENAI_PREFIX = "/v1/"
 OPENAI_ROUTES = frozenset({"/embeddings"})  # TEI serves OpenAI's route without /v1 too
 # TEI's routes, and the root route (TEI's and the Inference API's: huggingface_hub reads the "error" field).
@@ -59,12 +63,14 @@ TEI_TYPES = {"validation": "Validation", "empty": "Empty", "overloaded": "Overlo
 # OpenAI and TEI answer a bad request with 400 / 413 / 422 as their own servers do.
 OPENAI_STATUS = {"validation": 400, "empty": 400}
 TEI_STATUS = {"empty": 400, "unsupported": 424, "internal": 424}  # TEI's StatusCode::from(&ErrorType)
-# Our routes of a task head (service.frontend.routes_tokens) answer a checkpoint without that head as /predict does
-# without a classifier: 424 (the request cannot succeed on this model), not a 5xx; the body keeps our shape.
-TASK_HEAD_ROUTES = frozenset({"/token-classification", "/question-answering"})
+# Our routes of a task head (service.frontend.routes_tokens, routes_colbert) answer a checkpoint without that head as
+# /predict does without a classifier: 424 (the request cannot succeed on this model), not a 5xx; the body keeps ours.
+TASK_HEAD_ROUTES = frozenset({"/token-classification", "/question-answering", "/token-vectors"})
 
 
 def api_of(path: str) -> str:
+    if path in COHERE_ROUTES:
+        return "cohere"
     if path.startswith(OPENAI_PREFIX) or path in OPENAI_ROUTES:
         return "openai"
     return "tei" if path in TEI_ROUTES else "ours"
@@ -79,6 +85,8 @@ def error_body(kind: str, message: str, path: str = "", param: str | None = None
             "message": message, "type": OPENAI_TYPES.get(kind, "invalid_request_error"), "param": param, "code": code}}
     if api == "tei":
         return TEI_STATUS.get(kind, STATUS[kind]), {"error": message, "error_type": TEI_TYPES.get(kind, "Validation")}
+    if api == "cohere":
+        return COHERE_STATUS.get(kind, STATUS[kind]), {"message": message}
     status = 424 if kind == "unsupported" and path in TASK_HEAD_ROUTES else STATUS[kind]
     return status, {"error": message, "error_type": "validation" if kind == "empty" else kind}
 

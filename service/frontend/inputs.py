@@ -12,6 +12,7 @@ from typing import Literal
 from model.pooling import PoolingRecipe
 from model.tokenizer import MASK, EncodedText, WordPieceTokenizer
 from service.errors import ServiceError
+from service.frontend.long_inputs import windowed_items
 from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, NspItem, Pooling, SparseItem
 
 
@@ -27,7 +28,7 @@ def _as_list(inputs, is_single) -> list:
     return [inputs] if is_single(inputs) else list(inputs)
 
 
-def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
+def check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
     # Every text is valid Unicode already: the body parser (service.frontend.body) refuses lone surrogates.
     if not texts:
         raise ServiceError("empty", f"{field} is empty; send at least one input", param=field)
@@ -53,12 +54,13 @@ def _check_texts(texts: list, limits: Limits, field: str = "inputs") -> None:
 
 @dataclass(frozen=True)
 class Preparation:
-    """How a request's texts become tokens: cut when too long (and at which end), and a prompt (a
-    sentence-transformers prompt's text) put before each text."""
+    """How a request's texts become tokens: cut when too long (and at which end), or read in windows (`chunk`:
+    service.frontend.long_inputs), and a prompt (a sentence-transformers prompt's text) put before each text."""
 
     truncate: bool = False
     direction: Literal["right", "left"] = "right"
     prompt: str = ""
+    chunk: bool = False
 
 
 def is_token_ids(value) -> bool:
@@ -75,9 +77,11 @@ def _encode(tokenizer: WordPieceTokenizer, entries: list, prep: Preparation, fie
     out = [_from_ids(tokenizer, e, index, prep, field) if is_token_ids(e) else next(encoded)
            for index, e in enumerate(entries)]
     for index, e in enumerate(out):
-        if len(e.ids) > tokenizer.model_max_length:
+        if len(e.ids) > tokenizer.model_max_length and not prep.chunk:
             raise ServiceError("validation", f"{field}[{index}] is {len(e.ids)} tokens long; the model takes at most "
                                              f"{tokenizer.model_max_length} (send truncate: true to cut it)", param=field)
+    if prep.chunk and prep.truncate:
+        raise ServiceError("validation", "send truncate: true or long_input: chunk, not both", param="long_input")
     return out
 
 
@@ -107,25 +111,33 @@ def _as_entries(inputs) -> list:
 
 
 def encode_items(tokenizer: WordPieceTokenizer, inputs, pooling: Pooling, normalize: bool, prep: Preparation,
-                 limits: Limits, field: str = "inputs") -> tuple[list[EncodeItem], list[EncodedText]]:
-    """Items, and each input's encoding (its tokens as text, when asked). `field` names the inputs in errors."""
+                 limits: Limits, field: str = "inputs", window: int = 0, overlap: int = 0
+                 ) -> tuple[list[EncodeItem], list[EncodedText]]:
+    """Items (with `prep.chunk`, a long input's windows of `window` tokens, `overlap` pieces shared by neighbours),
+    and each input's encoding (its tokens as text, when asked). `field` names the inputs in errors."""
     entries = _as_entries(inputs)
-    _check_texts(entries, limits, field)
+    check_texts(entries, limits, field)
     encoded = _encode(tokenizer, entries, prep, field)
-    items = [EncodeItem(e.ids, e.type_ids, pooling=pooling, normalize=normalize) for e in encoded]
+    if not prep.chunk:
+        return [EncodeItem(e.ids, e.type_ids, pooling=pooling, normalize=normalize) for e in encoded], encoded
+    items = windowed_items(tokenizer, encoded, pooling, normalize, window, overlap, field)
+    if len(items) > limits.max_inputs_per_request:  # each window is an input's work
+        raise ServiceError("validation", f"{field} make {len(items)} windows of the model's length; the limit is "
+                                         f"{limits.max_inputs_per_request} per request: send fewer or shorter texts",
+                           param=field)
     return items, encoded
 
 
 def sparse_items(tokenizer: WordPieceTokenizer, inputs, prep: Preparation, limits: Limits) -> list[SparseItem]:
     entries = _as_entries(inputs)
-    _check_texts(entries, limits)
+    check_texts(entries, limits)
     return [SparseItem(e.ids, e.type_ids) for e in _encode(tokenizer, entries, prep)]
 
 
 def classify_items(tokenizer: WordPieceTokenizer, entries: list, prep: Preparation, limits: Limits,
                    field: str = "inputs") -> list[ClassifyItem]:
     """Texts and [a, b] pairs (already a list) for a sequence classifier or cross-encoder."""
-    _check_texts(entries, limits, field)
+    check_texts(entries, limits, field)
     return [ClassifyItem(e.ids, e.type_ids) for e in _encode(tokenizer, entries, prep, field)]
 
 
@@ -148,7 +160,7 @@ def fill_mask_items(tokenizer: WordPieceTokenizer, inputs, top_k: int, targets: 
     if not 1 <= top_k <= limits.max_top_k:
         raise ServiceError("validation", f"top_k must be between 1 and {limits.max_top_k}, got {top_k}")
     texts = _as_list(inputs, lambda x: isinstance(x, str))
-    _check_texts(texts, limits)
+    check_texts(texts, limits)
     target_ids = None if targets is None else target_token_ids(tokenizer, targets)
     items = []
     for index, e in enumerate(_encode(tokenizer, texts, prep)):
@@ -163,7 +175,7 @@ def fill_mask_items(tokenizer: WordPieceTokenizer, inputs, top_k: int, targets: 
 
 def nsp_items(tokenizer: WordPieceTokenizer, inputs, truncate: bool, limits: Limits) -> list[NspItem]:
     pairs = _as_list(inputs, lambda x: len(x) == 2 and all(isinstance(s, str) for s in x))
-    _check_texts(pairs, limits)
+    check_texts(pairs, limits)
     return [NspItem(e.ids, e.type_ids) for e in _encode(tokenizer, pairs, Preparation(truncate))]
 
 
@@ -179,7 +191,7 @@ class Piece:
 def tokenize_texts(tokenizer: WordPieceTokenizer, inputs, add_special_tokens: bool, limits: Limits,
                    prompt: str = "") -> list[list[Piece]]:
     texts = _as_list(inputs, lambda x: isinstance(x, str))
-    _check_texts(texts, limits)
+    check_texts(texts, limits)
     texts = [prompt + text for text in texts]
     template = {tokenizer.cls_id, tokenizer.sep_id}
     out = []
@@ -196,13 +208,15 @@ def tokenize_texts(tokenizer: WordPieceTokenizer, inputs, add_special_tokens: bo
 
 
 def preparation(recipe: PoolingRecipe, truncate: bool | None, direction: str = "right",
-                prompt_name: str | None = None) -> Preparation:
+                prompt_name: str | None = None, long_input: str = "refuse") -> Preparation:
     """A request's Preparation; `prompt_name` must be one of the checkpoint's sentence-transformers
-    prompts (without one, its default prompt applies, as sentence-transformers does)."""
+    prompts (without one, its default prompt applies, as sentence-transformers does); `long_input` chunk reads inputs
+    longer than the model in windows."""
     prompts = dict(recipe.prompts)
     name = prompt_name if prompt_name is not None else recipe.default_prompt_name
     if name is not None and name not in prompts:
         known = ", ".join(repr(p) for p in sorted(prompts)) or "none (its sentence-transformers config defines none)"
         raise ServiceError("validation", f"prompt_name {name!r} is not a prompt of this model; its prompts: {known}",
                            param="prompt_name")
-    return Preparation(bool(truncate), "left" if direction.lower() == "left" else "right", prompts.get(name, ""))
+    return Preparation(bool(truncate), "left" if direction.lower() == "left" else "right", prompts.get(name, ""),
+                       long_input == "chunk")

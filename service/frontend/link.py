@@ -31,18 +31,19 @@ class Pending(Protocol):
 class EngineLink(Protocol):
     detail: str  # what loading is doing now, for /health's 503 while loading
 
-    async def start(self, checkpoint: Path) -> ModelFacts:
-        """Return once the engine is ready to compute `checkpoint` (a local directory); raise RuntimeError (with
-        the reason) if it cannot be."""
+    async def start(self, directories: dict[str, Path]) -> list[ModelFacts]:
+        """Return every model's facts (the default first) once the engine is ready to compute them (`directories`:
+        each model's name and local directory); raise RuntimeError (with the reason) if it cannot be."""
 
     async def loading(self) -> None:
         """Return once the engine is known to be still loading (never, if it turns out ready). Until the link
         knows either, the HTTP server takes no connections: a front end that answered 503 while the engine and
         the other front ends serve would fail requests that a moment later would succeed."""
 
-    def submit(self, items: list[Item], deadline: float, trace: str | None = None) -> Pending:
-        """Queue `items` to reach the device by `deadline` (time.monotonic()); raise ServiceError to refuse them.
-        `trace`: the request span's W3C traceparent, when the request is traced (its batches' spans link to it)."""
+    def submit(self, items: list[Item], deadline: float, model: str = "", trace: str | None = None) -> Pending:
+        """Queue `items` for the model `model` ("" = the default) to reach the device by `deadline`
+        (time.monotonic()); raise ServiceError to refuse them. `trace`: the request span's W3C traceparent, when
+        the request is traced (its batches' spans link to it)."""
 
     def failure(self) -> str | None:
         """Why the engine cannot compute (a dead thread or process, or one stuck for stall_timeout_s), or None."""

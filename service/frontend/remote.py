@@ -82,8 +82,8 @@ class RemoteLink:
         self._heard = False  # whether any Status has arrived (the subscription works)
         self._outgoing: list[bytes] = []  # messages of this pass of the event loop, sent together
 
-    async def start(self, checkpoint: Path) -> ModelFacts:
-        """`checkpoint` is the engine process's already (the supervisor resolved it for both)."""
+    async def start(self, directories: dict[str, Path]) -> list[ModelFacts]:
+        """`directories` are the engine process's already (the supervisor resolved them for both)."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         inbox_address, outbox_address = endpoints(self.directory)
@@ -105,19 +105,19 @@ class RemoteLink:
         status: Status = self._status.result()
         if status.state != "ready":
             raise RuntimeError(status.detail or f"the engine is {status.state}")
-        return status.facts
+        return status.models
 
     async def loading(self) -> None:
         await self._loading.wait()
 
-    def submit(self, items: list[Item], deadline: float, trace: str | None = None) -> RemotePending:
+    def submit(self, items: list[Item], deadline: float, model: str = "", trace: str | None = None) -> RemotePending:
         failure = self.failure()
         if failure is not None:
             raise ServiceError("unavailable", failure, retry_after_s=None if self._failure else 5)
         request_id = next(self._ids)
         pending = RemotePending(asyncio.get_running_loop().create_future(), request_id, self)
         self.pending[request_id] = pending
-        self.send(Submit(request_id, items, deadline, trace))
+        self.send(Submit(request_id, items, deadline, trace=trace, model=model))
         return pending
 
     def send(self, message) -> None:

@@ -20,15 +20,16 @@ TRACEPARENT = b"traceparent"
 
 class RequestContext:
     def __init__(self, app, route_label, tracing: Tracing | None = None, keep_records: bool = False,
-                 log_requests: bool = False, model=lambda: ""):
-        """`keep_records`: make a record per request even without traces (JSON logs want its ids); `model()`: the
-        served model's name, for the spans."""
+                 log_requests: bool = False, default_model=lambda: ""):
+        """`keep_records`: make a record per request even without traces (JSON logs want its ids);
+        `default_model()`: the name of the model a request that reached no model's front door is for, for the
+        spans (the front door notes the one it computed with in the record)."""
         self.app = app
         self.route_label = route_label
         self.tracing = tracing
         self.records = keep_records or log_requests or tracing is not None
         self.log_requests = log_requests
-        self.model = model
+        self.default_model = default_model
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -69,6 +70,6 @@ class RequestContext:
             status = answer["status"]
             record.finish(self.tracing, f"{scope['method']} {route}", str(status), status >= 500, {
                 "http.request.method": scope["method"], "http.route": route, "http.response.status_code": status,
-                "bert.model": self.model()}, self.log_requests, answer["ended"] or None,
+                "bert.model": record.model or self.default_model()}, self.log_requests, answer["ended"] or None,
                 error=f"HTTP {status}" if status >= 400 else None)
             CURRENT_REQUEST.reset(token)

@@ -64,6 +64,7 @@ class RequestRecord:
     inference_s: float = 0.0
     batch_spans: list[str] | None = None
     computed: float = 0.0  # when its results came back from the engine
+    model: str = ""  # the served model that computed it (set by its front door)
 
     @classmethod
     def begin(cls, route: str, incoming_id, traceparent, tracing: Tracing | None,

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from service.frontend.body import ParsedBodyRoute
-from service.frontend.deps import ERRORS, Door, State
+from service.frontend.deps import ERRORS, Door, Model, State, request_model
 from service.frontend.disconnects import client_gone
 from service.frontend.inputs import Preparation
 from service.frontend.outputs import encode_result, fill_mask_result, json_response, nsp_result
@@ -27,37 +27,39 @@ public = APIRouter(tags=["Operations"])
 
 
 @api.post("/encode", response_model=EncodeResponse, summary="Contextual token embeddings")
-async def encode(body: EncodeRequest, request: Request, door: Door, state: State) -> Response:
+async def encode(body: EncodeRequest, request: Request, door: Door, model: Model) -> Response:
     """The encoder's last hidden layer (or the checkpoint's `embedding_layer`): one vector per token (special tokens
     included), or pooled by [CLS] or mean."""
-    outputs = await door.encode(body.inputs, body.pooling, body.normalize, Preparation(body.truncate),
+    prep = Preparation(body.truncate, chunk=body.long_input == "chunk")
+    outputs = await door.encode(body.inputs, body.pooling, body.normalize, prep,
                                 gone=client_gone(request), base64=body.encoding_format == "base64")
     return json_response({
-        "model": state.model_name,
-        "dim": state.checkpoint.config.hidden_size,
+        "model": model.display_name,
+        "dim": model.checkpoint.config.hidden_size,
         "results": [encode_result(o, body.encoding_format) for o in outputs],
         "usage": {"input_tokens": sum(o.token_count for o in outputs)},
     })
 
 
 @api.post("/fill-mask", response_model=FillMaskResponse, summary="Masked-token fill-in")
-async def fill_mask(body: FillMaskRequest, request: Request, door: Door, state: State) -> Response:
+async def fill_mask(body: FillMaskRequest, request: Request, door: Door, model: Model) -> Response:
     """Top-k tokens for every [MASK], scored by softmax over the whole vocabulary (as the Hugging Face pipeline)."""
     outputs = await door.fill_mask(body.inputs, body.top_k, body.targets, body.truncate, gone=client_gone(request))
-    return json_response({"model": state.model_name, "results": [fill_mask_result(o) for o in outputs]})
+    return json_response({"model": model.display_name, "results": [fill_mask_result(o) for o in outputs]})
 
 
 @api.post("/nsp", response_model=NspResponse, summary="Next-sentence scores")
-async def nsp(body: NspRequest, request: Request, door: Door, state: State) -> Response:
+async def nsp(body: NspRequest, request: Request, door: Door, model: Model) -> Response:
     """P(B follows A) for each [A, B] pair; logits in Hugging Face order (index 0 = is next)."""
     outputs = await door.nsp(body.inputs, body.truncate, gone=client_gone(request))
-    return json_response({"model": state.model_name, "results": [nsp_result(o) for o in outputs]})
+    return json_response({"model": model.display_name, "results": [nsp_result(o) for o in outputs]})
 
 
 @api.get("/info", summary="Model, device and limits")
-async def info(state: State) -> Response:
-    """The served model's config and training metrics, the device and dtype, and every limit."""
-    return json_response(state.info())
+async def info(request: Request, state: State) -> Response:
+    """The served model's config and training metrics, the device and dtype, and every limit (the default model's,
+    or under /models/{name} that model's), and a summary of every served model."""
+    return json_response(state.info(request_model(request)))
 
 
 @public.get("/health", response_model=Health, responses={503: {"model": ErrorBody}}, summary="Readiness")

@@ -36,7 +36,7 @@ from service.frontend.inputs import is_pair, preparation
 from service.frontend.outputs import json_response, labelled
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
-from service.frontend.deps import TEI_ERRORS, Door, State
+from service.frontend.deps import TEI_ERRORS, Door, Model
 from service.frontend.schemas import Strict, Text
 from service.frontend.schemas_tei import Direction, TeiInput, TeiSimilarityRequest
 
@@ -128,16 +128,16 @@ def _parse(model: type[BaseModel], body: dict) -> Any:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
 
 
-async def _feature_extraction(body: dict, request: Request, door: FrontDoor, state) -> list:
+async def _feature_extraction(body: dict, request: Request, door: FrontDoor, model) -> list:
     req = _parse(RootEmbedRequest, body)
     params = req.parameters or req
-    prep = preparation(state.checkpoint.pooling, params.truncate, params.truncation_direction, params.prompt_name)
-    outputs = await door.encode(req.inputs, state.checkpoint.pooling.mode, params.normalize, prep,
+    prep = preparation(model.checkpoint.pooling, params.truncate, params.truncation_direction, params.prompt_name)
+    outputs = await door.encode(req.inputs, model.checkpoint.pooling.mode, params.normalize, prep,
                                 gone=client_gone(request), dimensions=params.dimensions)
     return [o.result.vector for o in outputs]
 
 
-async def _fill_mask(body: dict, request: Request, door: FrontDoor, state) -> list:
+async def _fill_mask(body: dict, request: Request, door: FrontDoor, model) -> list:
     req = _parse(RootFillMaskRequest, body)
     params = req.parameters or FillMaskParameters()
     targets = [params.targets] if isinstance(params.targets, str) else params.targets
@@ -150,23 +150,23 @@ async def _fill_mask(body: dict, request: Request, door: FrontDoor, state) -> li
     return answers[0] if isinstance(req.inputs, str) else answers
 
 
-async def _sentence_similarity(body: dict, request: Request, door: FrontDoor, state) -> list:
+async def _sentence_similarity(body: dict, request: Request, door: FrontDoor, model) -> list:
     req = _parse(TeiSimilarityRequest, body)
     params = req.parameters
-    prep = preparation(state.checkpoint.pooling, params and params.truncate,
+    prep = preparation(model.checkpoint.pooling, params and params.truncate,
                        params.truncation_direction if params else "right", params and params.prompt_name)
-    return await door.similarity(req.inputs.source_sentence, req.inputs.sentences, state.checkpoint.pooling.mode,
+    return await door.similarity(req.inputs.source_sentence, req.inputs.sentences, model.checkpoint.pooling.mode,
                                  prep, gone=client_gone(request))
 
 
-async def _text_classification(body: dict, request: Request, door: FrontDoor, state) -> list:
+async def _text_classification(body: dict, request: Request, door: FrontDoor, model) -> list:
     req = _parse(RootClassifyRequest, body)
     inputs = req.inputs if isinstance(req.inputs, list) and not is_pair(req.inputs) else [req.inputs]
     entries = [[x.text, x.text_pair] if isinstance(x, TextPair) and x.text_pair is not None else
                x.text if isinstance(x, TextPair) else x for x in inputs]
-    prep = preparation(state.checkpoint.pooling, req.truncate, req.truncation_direction)
+    prep = preparation(model.checkpoint.pooling, req.truncate, req.truncation_direction)
     logits = await door.classify(entries, prep, gone=client_gone(request))
-    spec, params = state.checkpoint.labels, req.parameters or ClassifyParameters()
+    spec, params = model.checkpoint.labels, req.parameters or ClassifyParameters()
     chosen = params.function_to_apply
     results = []
     for row in logits:
@@ -197,20 +197,20 @@ ROOT_BODY = Body(openapi_examples={
 })
 
 
-async def answer(body: dict, request: Request, door: FrontDoor, state) -> Response:
-    task = root_task(body, door, state.settings.root_task)
-    return json_response(await TASKS[task](body, request, door, state), headers={"X-Task": task})
+async def answer(body: dict, request: Request, door: FrontDoor, model) -> Response:
+    task = root_task(body, door, model.spec.root_task)
+    return json_response(await TASKS[task](body, request, door, model), headers={"X-Task": task})
 
 
 @root.post("/", summary="The Hugging Face Inference API / TEI root route")
-async def inference(request: Request, door: Door, state: State, body: dict[str, Any] = ROOT_BODY) -> Response:
+async def inference(request: Request, door: Door, model: Model, body: dict[str, Any] = ROOT_BODY) -> Response:
     """Answers the task the request's shape implies (feature-extraction, fill-mask, sentence-similarity,
     text-classification, token-classification, question-answering) in the Hugging Face task's shape; the response
     header X-Task names it."""
-    return await answer(body, request, door, state)
+    return await answer(body, request, door, model)
 
 
 @root.post("/invocations", summary="SageMaker's path for the root route")
-async def invocations(request: Request, door: Door, state: State, body: dict[str, Any] = ROOT_BODY) -> Response:
+async def invocations(request: Request, door: Door, model: Model, body: dict[str, Any] = ROOT_BODY) -> Response:
     """The same as POST /."""
-    return await answer(body, request, door, state)
+    return await answer(body, request, door, model)

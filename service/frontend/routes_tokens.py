@@ -10,7 +10,7 @@ from starlette.responses import Response
 from service.frontend.body import ParsedBodyRoute
 from service.frontend.disconnects import client_gone
 from service.frontend.outputs import json_response
-from service.frontend.deps import ERRORS, Door, State
+from service.frontend.deps import ERRORS, Door, Model
 from service.frontend.schemas import ErrorBody
 from service.frontend.schemas_tokens import (
     QuestionAnsweringRequest,
@@ -36,22 +36,22 @@ def answer_options(params) -> tuple[AnswerOptions, WindowOptions]:
 
 @tokens.post("/token-classification", response_model=TokenClassificationResponse,
              summary="Token classification (named entities)")
-async def token_classification(body: TokenClassificationRequest, request: Request, door: Door, state: State
+async def token_classification(body: TokenClassificationRequest, request: Request, door: Door, model: Model
                                ) -> Response:
     """Each text's entities with their character offsets, from the checkpoint's token-classification head."""
     texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
-    labels = state.checkpoint.labels.labels if state.checkpoint.labels is not None else ()
+    labels = model.checkpoint.labels.labels if model.checkpoint.labels is not None else ()
     results = await classify_tokens(door, texts, labels, entity_options(body), gone=client_gone(request))
-    return json_response({"model": state.model_name, "results": results})
+    return json_response({"model": model.display_name, "results": results})
 
 
 @tokens.post("/question-answering", response_model=QuestionAnsweringResponse,
              summary="Extractive question answering")
-async def question_answering(body: QuestionAnsweringRequest, request: Request, door: Door, state: State) -> Response:
+async def question_answering(body: QuestionAnsweringRequest, request: Request, door: Door, model: Model) -> Response:
     """The best spans of each context that answer its question, from the checkpoint's question-answering head;
     contexts longer than the window are read in overlapping windows."""
     inputs = body.inputs if isinstance(body.inputs, list) else [body.inputs]
     options, windowing = answer_options(body)
     results = await answer_questions(door, [(x.question, x.context) for x in inputs], options, windowing,
                                      gone=client_gone(request))
-    return json_response({"model": state.model_name, "results": results})
+    return json_response({"model": model.display_name, "results": results})

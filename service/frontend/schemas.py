@@ -27,6 +27,10 @@ class EncodeRequest(Strict):
     truncate: bool = Field(False, description="Cut inputs longer than the model's maximum instead of answering 422.")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: JSON numbers; base64: little-endian float32 bytes, row-major, base64-encoded.")
+    long_input: Literal["refuse", "chunk"] = Field(
+        "refuse", description="An input longer than the model's window: refuse (422, the default; truncate cuts it), or "
+                              "chunk (pooled vectors only): read it in overlapping windows batched with everything "
+                              "else, their pooled vectors averaged by their tokens (docs/long-inputs.md).")
 
 
 class FillMaskRequest(Strict):
@@ -127,6 +131,10 @@ class OpenAIEmbeddingsRequest(Strict):
     dimensions: int | None = Field(None, description="Keep the first N dimensions, then normalise (Matryoshka style); "
                                                      "1 to the model's width.")
     user: Text | None = Field(None, description="Accepted and ignored.")
+    long_input: Literal["refuse", "chunk"] = Field(
+        "refuse", description="Ours: an input longer than the model's window: refuse (400, the default), or "
+                              "chunk: read it in overlapping windows batched with everything else, their pooled vectors "
+                              "averaged by their tokens (docs/long-inputs.md).")
 
 
 class OpenAIEmbedding(BaseModel):

@@ -32,6 +32,10 @@ class TeiEmbedRequest(Strict):
     prompt_name: Text | None = PROMPT
     dimensions: int | None = Field(None, description="Keep the first N dimensions, then normalise (Matryoshka); "
                                                      "1 to the model's width.")
+    long_input: Literal["refuse", "chunk"] = Field(
+        "refuse", description="Ours: an input longer than the model's window: refuse (422, the default; truncate "
+                              "cuts it), or chunk: read it in overlapping windows batched with everything else, their "
+                              "pooled vectors averaged by their tokens (docs/long-inputs.md).")
 
 
 class TeiEmbedAllRequest(Strict):
@@ -91,8 +95,11 @@ class TeiRerankRequest(Strict):
     texts: list[Text] = Field(examples=[["it was built in 1889.", "paris is in france."]])
     truncate: bool | None = TRUNCATE
     truncation_direction: Direction = DIRECTION
-    raw_scores: bool = Field(False, description="Return the logit instead of sigmoid(logit).")
+    raw_scores: bool = Field(False, description="Return the logit instead of sigmoid(logit) (a cross-encoder's).")
     return_text: bool = Field(False, description="Include each text in the answer.")
+    long_input: Literal["refuse", "chunk"] = Field(
+        "refuse", description="Ours: chunk reads a ColBERT's texts longer than its document length in overlapping "
+                              "windows (their vectors together score the text).")
 
 
 class TeiToken(BaseModel):

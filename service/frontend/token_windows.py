@@ -28,6 +28,12 @@ def window_starts(length: int, room: int, stride: int) -> list[tuple[int, int]]:
         start += room - stride
 
 
+def window_overlap(room: int, overlap: int) -> int:
+    """Pieces shared by consecutive windows of `room` pieces: the setting, at most half a window (each window then
+    moves on by at least half of itself)."""
+    return min(overlap, room // 2)
+
+
 @dataclass
 class Window:
     """One window of a text (or of a question's context) as the model reads it."""

@@ -2,7 +2,7 @@
 the supervisor made, its admission count in the shared slots.
 
 Started by `service.supervisor` (`python -m service.frontend.worker`, launch record on standard input:
-the settings (the checkpoint a local directory already), where the Hub id it came from, the directory of
+the settings, each model's checkpoint resolved to a local directory (and the Hub id it came from), the directory of
 the engine's sockets and its pid, the socket's file descriptor, this front end's slot).
 """
 
@@ -11,13 +11,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from model.hub import ResolvedCheckpoint
 from service.frontend.admission import SharedRequestCount
 from service.frontend.app import create_http_app
 from service.frontend.remote import RemoteLink
 from service.frontend.runtime import Runtime
 from service.frontend.serve import serve_http
-from service.launch import die_with_parent, read_launch_record
+from service.launch import die_with_parent, read_launch_record, sources_from
 from service.logs import configure_logging
 from service.tracing import setup as setup_tracing
 
@@ -29,8 +28,8 @@ def main() -> int:
     configure_logging(settings.log_level, settings.log_format, f"front-end-{slot}")
     link = RemoteLink(record["directory"], f"front-end-{slot}", record["engine_pid"], settings.stall_timeout_s)
     runtime = Runtime(settings, link, tracing=setup_tracing(settings, f"front-end-{slot}"))
-    runtime.source = ResolvedCheckpoint(Path(settings.checkpoint), **record["source"])
-    app = create_http_app(runtime, SharedRequestCount(Path(record["in_flight"]), slot))
+    runtime.set_sources(sources_from(record))
+    app = create_http_app(runtime, SharedRequestCount(Path(record["in_flight"]), slot, len(runtime.models)))
     failure = serve_http(app, settings, fd=record["fd"])
     return 1 if failure is not None else 0
 

@@ -1,5 +1,5 @@
 """The wheel list for a GPU machine (requirements/gpu-extra.txt, `make gpu-wheels`) is complete: every
-third-party package that what bench.gpu runs imports (service/, model/, trainer/, the benchmarks, the GPU-marked
+third-party package that what bench.gpu runs imports (service/, model/, kernels/, trainer/, the benchmarks, the GPU-marked
 tests), and everything those packages require at serve.txt's pins, is either on the list or among the GPU
 machine's own packages (bench.gpu.env.MACHINE_PACKAGES). FastAPI 0.165's import of opentelemetry-api was
 missed once: bench.gpu stopped at `import fastapi` on the GPU machine."""
@@ -18,12 +18,12 @@ from bench.gpu.env import MACHINE_PACKAGES, NEEDED_MODULES
 from devkit.paths import REPO_ROOT
 
 # What bench.gpu runs on the GPU machine.
-RUN_THERE = ["service", "model", "trainer", "devkit/server.py", "devkit/paths.py", "tests/gpu", "bench/gpu",
+RUN_THERE = ["service", "model", "kernels", "trainer", "devkit/server.py", "devkit/paths.py", "tests/gpu", "bench/gpu",
              "bench/serving/__main__.py", "bench/serving/throughput.py", "bench/serving/in_process_limit.py",
              "bench/serving/rows.py", "bench/serving/load.py",
              "bench/serving/naive_peer.py"]
 GPU_PYTHON = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3", "extra": ""}
-OURS = {"bench", "devkit", "model", "service", "trainer", "tests"}
+OURS = {"bench", "devkit", "kernels", "model", "service", "trainer", "tests"}
 # Imported only on model.hub's download path (serving a Hub id, which needs a network the GPU machine does not
 # have; bench.gpu serves directories), inside the functions that download.
 DOWNLOAD_ONLY = {"httpx2"}

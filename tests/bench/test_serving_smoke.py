@@ -54,7 +54,7 @@ def test_cpu_ceiling_reports_every_precision_and_restores_int8(tiny_checkpoint, 
     """The ceiling benchmark prints a row per precision plus the free-quantization bound, and puts the
     real int8 layer back afterwards (its timing-only stand-in computes wrong values)."""
     from bench.precision.cpu_ceiling import main
-    from model.quantize import Int8GeluIntermediate, Int8Linear
+    from kernels.int8_modules import Int8GeluIntermediate, Int8Linear
 
     real_forwards = Int8Linear.forward, Int8GeluIntermediate.forward
     assert main(["--checkpoint", str(tiny_checkpoint), "--sentences", "40", "--batch", "10", "--seconds", "0.2"]) == 0

@@ -104,11 +104,44 @@ def inference_client_hub1_question_answering(url: str, key: str) -> dict:
             "top": [dict(a) for a in client.question_answering(question="who played ?", context=TEXTS[2], top_k=2)]}
 
 
+QUERY = "where does the river flow ?"
+
+
+def cohere_rerank(url: str, key: str) -> dict:
+    """The Cohere SDK with a base URL: its v1 client (top_n, return_documents), its v2 client, and the error it raises
+    for a request the server refuses."""
+    import cohere
+
+    v1 = cohere.Client(api_key=key, base_url=url).rerank(model="bert-serve", query=QUERY, documents=TEXTS, top_n=2,
+                                                         return_documents=True)
+    client = cohere.ClientV2(api_key=key, base_url=url)
+    v2 = client.rerank(model="bert-serve", query=QUERY, documents=TEXTS)
+    try:
+        client.rerank(model="bert-serve", query=QUERY, documents=TEXTS, top_n=0)
+        refused = None
+    except cohere.errors.BadRequestError as exc:
+        refused = {"status": exc.status_code, "body": exc.body}
+    return {"version": cohere.__version__,
+            "v1": [{"index": r.index, "score": r.relevance_score, "text": r.document.text} for r in v1.results],
+            "v2": [{"index": r.index, "score": r.relevance_score} for r in v2.results], "refused": refused}
+
+
+def langchain_cohere_rerank(url: str, key: str) -> dict:
+    """LangChain's CohereRerank (it calls Cohere's v2 client) as a document compressor."""
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    reranker = CohereRerank(model="bert-serve", cohere_api_key=key, base_url=url, top_n=2)
+    kept = reranker.compress_documents([Document(page_content=text) for text in TEXTS], QUERY)
+    return {"documents": [{"text": d.page_content, "score": d.metadata["relevance_score"]} for d in kept]}
+
+
 CHECKS = {f.__name__: f for f in (langchain_openai_embeddings, langchain_openai_defaults,
                                   langchain_huggingface_embeddings, langchain_huggingface_embeddings_normalized,
                                   llama_index_tei, llama_index_openai_like, inference_client_hub1,
                                   inference_client_hub1_token_classification,
-                                  inference_client_hub1_question_answering)}
+                                  inference_client_hub1_question_answering, cohere_rerank,
+                                  langchain_cohere_rerank)}
 
 
 def main() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +41,29 @@ def run_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> s
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def start_cli(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "corpus", *args], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+def finished_job(output: Path, source: Path, checkpoint: Path, *options: str) -> Path:
+    """`python -m corpus embed SOURCE --output OUTPUT OPTIONS` run to its end, never stopped: what a resumed job is
+    held to."""
+    done = run_cli(embed_args(source, output, checkpoint, *options))
+    assert done.returncode == 0, done.stderr
+    return output
+
+
+def kill_at(point: str, args: list[str], marker: Path, env: dict | None = None) -> None:
+    """`python -m corpus ARGS` started through tests/corpus/paused_job.py, run until it stands still at `point`, then
+    killed with SIGKILL, as a crash or a power cut would stop it."""
+    process = subprocess.Popen([sys.executable, "-m", "tests.corpus.paused_job", point, str(marker), *args],
+                               cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert process.poll() is None, f"the job ended before {point}: {process.stderr.read()}"
+        assert time.monotonic() < deadline, f"the job never reached {point}"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    process.stderr.close()
+    marker.unlink()
 
 
 def read_output(output: Path) -> dict[str, object]:
@@ -56,3 +78,18 @@ def read_output(output: Path) -> dict[str, object]:
 
 def manifest(output: Path) -> dict:
     return json.loads((output / "manifest.json").read_text(encoding="utf-8"))
+
+
+def required_or_skip(module: str, switch: str, why: str):
+    """`module` imported; missing, the calling test module is skipped, unless the environment sets `switch` to 1 (as
+    `make test` does, which installs it): then its absence fails the tests instead of hiding them."""
+    import importlib
+
+    import pytest
+
+    if os.environ.get(switch) == "1":
+        try:
+            return importlib.import_module(module)
+        except ImportError as exc:
+            raise RuntimeError(f"{switch}=1 but {module} cannot be imported ({exc}): {why}") from None
+    return pytest.importorskip(module, reason=why)

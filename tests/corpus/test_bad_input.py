@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from corpus import local_job, shards
+from corpus import local_job, local_output
+from corpus.local_output import LocalOutput
 from corpus.cli import main
 from tests.corpus.job_helpers import embed_args, manifest, read_output, sentences
 
@@ -37,7 +38,7 @@ def test_the_first_bad_row_stops_the_job_naming_it_then_skip_resumes(tmp_path, t
     assert main(args) == 1
     message = last_line(capsys.readouterr().err)
     assert message.startswith(f"error: {source}:4: ") and "JSON" in message and "--on-error skip" in message
-    assert shards.done_units(output) == set() and not manifest(output)["complete"]
+    assert LocalOutput(output).done_units() == set() and not manifest(output)["complete"]
 
     assert main([*args, "--on-error", "skip"]) == 0
     summary = capsys.readouterr().out
@@ -75,7 +76,7 @@ def test_a_full_disk_stops_with_one_line_and_nothing_half_written(tmp_path, tiny
     source.write_text("\n".join(GOOD) + "\n")
     output = tmp_path / "out"
     args = embed_args(source, output, tiny_checkpoint, "--rows-per-shard", "4")
-    real_write = shards.pq.write_table
+    real_write = local_output.pq.write_table
     written = []
 
     def fills_up(table, path):
@@ -83,12 +84,12 @@ def test_a_full_disk_stops_with_one_line_and_nothing_half_written(tmp_path, tiny
             raise OSError(errno.ENOSPC, "No space left on device")
         written.append(path)
         real_write(table, path)
-    monkeypatch.setattr(shards.pq, "write_table", fills_up)
+    monkeypatch.setattr(local_output.pq, "write_table", fills_up)
     assert main(args) == 1
     message = last_line(capsys.readouterr().err)
     assert message.startswith(f"error: {output / 'shards'}/part-") and "no space left" in message
-    assert len(shards.done_units(output)) == 1 and not list(output.rglob(".tmp-*"))
-    monkeypatch.setattr(shards.pq, "write_table", real_write)
+    assert len(LocalOutput(output).done_units()) == 1 and not list(output.rglob(".tmp-*"))
+    monkeypatch.setattr(local_output.pq, "write_table", real_write)
     assert main(args) == 0  # space again: the same command finishes the job
     assert read_output(output)["id"] == [f"c.txt:{i}" for i in range(1, 13)]
 

@@ -74,8 +74,25 @@ def test_progress_in_a_log_is_plain_lines_and_the_summary_follows(tmp_path, tiny
     progress = [line for line in done.stderr.splitlines() if line.startswith("progress: ")]
     assert progress and "/30 rows" in progress[0] and "rows/s" in progress[0] and "ETA" in progress[0]
     assert "\r" not in done.stderr
-    assert done.stdout.startswith("done: 30 rows -> 30 vectors in 3 shards, 0 rejected, ")
+    assert done.stdout.startswith("done: 30 rows read, 30 documents embedded (0 rejected) -> 30 vectors in 3 shards, ")
     assert "rows/s" in done.stdout and "tokens/s" in done.stdout
+
+
+def test_progress_and_summary_count_the_same_rows_when_blank_lines_hold_no_document(tmp_path, tiny_checkpoint):
+    """WikiText's test split as plain text: 789 lines, of which the blank ones are separators, not documents."""
+    from tests.conftest import TEST_WIKITEXT
+
+    source = TEST_WIKITEXT / "test.tokens"
+    lines = source.read_text(encoding="utf-8").splitlines()
+    documents = sum(1 for line in lines if line.strip())
+    assert documents < len(lines)  # the case at hand: blank lines among the rows
+    done = run_cli(embed_args(source, tmp_path / "out", tiny_checkpoint, "--format", "text", "--truncate"))
+    assert done.returncode == 0, done.stderr
+    last = [line for line in done.stderr.splitlines() if line.startswith("progress: ")][-1]
+    assert last.startswith(f"progress: {len(lines)}/{len(lines)} rows,"), last
+    assert done.stdout.startswith(f"done: {len(lines)} rows read, {documents} documents embedded (0 rejected) -> "
+                                  f"{documents} vectors in 1 shard, "), done.stdout
+    assert manifest(tmp_path / "out")["totals"]["rows"] == documents
 
 
 class Terminal(io.StringIO):
@@ -89,10 +106,11 @@ def test_progress_on_a_terminal_is_a_bar_redrawn_in_place():
     time.sleep(0.05)  # loading the model: apart from the rates
     progress.start()
     progress.computed(30, 900)
-    progress.written(30, 29, 30, 1)
+    progress.written(30, 28, 30, 1)
     summary = progress.finish()
     assert screen.getvalue().count("\r[") >= 2 and "50%" in screen.getvalue() and screen.getvalue().endswith("\n")
-    assert (summary.rows, summary.chunks, summary.rejects, summary.tokens, summary.already_done) == (29, 30, 1, 900, 20)
+    assert (summary.rows, summary.documents, summary.vectors, summary.rejects, summary.tokens,
+            summary.already_done) == (30, 28, 30, 1, 900, 20)
     assert summary.start_seconds >= 0.05 > summary.seconds
     assert "s loading the model" in summary.line()
 

@@ -1,6 +1,6 @@
-"""The engine as a library: batches packed as the service's packer packs them, and the same vectors whichever way
-the batches run (two runners on a CPU's halves, or one launching the next batch before reading the last, as on a
-GPU)."""
+"""The engine as a library: started as the service starts it, its batches run by the service's batcher, and the same
+vectors whichever way the batches run (two runners on a CPU's halves, or one launching the next batch before reading
+the last, as on a GPU)."""
 
 from __future__ import annotations
 
@@ -20,17 +20,6 @@ def embedder(tiny_checkpoint):
     made.close()
 
 
-def test_batches_hold_similar_lengths_within_the_budget(embedder):
-    lengths = [5, 90, 7, 60, 6, 120, 8, 33] * 40
-    batches = embedder.pack(lengths)
-    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
-    for batch in batches:
-        assert max(lengths[i] for i in batch) * len(batch) <= embedder.batch_tokens
-        assert len(batch) <= embedder.batch_size
-    longest = [max(lengths[i] for i in batch) for batch in batches]
-    assert longest == sorted(longest)  # filled in length order: short with short, long with long
-
-
 def test_every_way_of_running_gives_the_same_vectors_in_input_order(embedder, monkeypatch):
     token_ids = [e.ids for e in embedder.tokenizer.encode_batch(sentences(150), truncate=True)]
     seen = []
@@ -38,11 +27,22 @@ def test_every_way_of_running_gives_the_same_vectors_in_input_order(embedder, mo
     assert sum(n for n, _ in seen) == len(token_ids) and sum(t for _, t in seen) == sum(map(len, token_ids))
     alone = embedder.embed(token_ids[7:8])
     np.testing.assert_allclose(parallel[7:8], alone, rtol=1e-5, atol=1e-6)
-    pool, embedder._pool = embedder._pool, None
-    try:
-        monkeypatch.setattr(Engine, "overlaps", property(lambda self: True))  # launch, then finish the one before
-        overlapped = embedder.embed(token_ids)
-    finally:
-        embedder._pool = pool
+    monkeypatch.setattr(Engine, "overlaps", property(lambda self: True))  # launch, then finish the one before
+    overlapped = embedder.embed(token_ids)
     np.testing.assert_allclose(overlapped, parallel, rtol=1e-5, atol=1e-6)
     assert embedder.embed([]).shape == (0, embedder.dimensions)
+
+
+def test_the_job_starts_and_batches_as_the_service_does(embedder, tiny_checkpoint):
+    """One start-up and one batcher for both: the job's engine is sized, typed and batched as the service's engine
+    for the same checkpoint and options."""
+    from service.engine.batcher import Batcher
+    from service.engine.loader import start_engine
+    from service.settings import Settings
+
+    service = start_engine(Settings(checkpoint=str(tiny_checkpoint), dtype="auto").engine_options())
+    job = embedder.started
+    assert isinstance(embedder.batcher, Batcher) and embedder.batcher.engine is job.engine
+    assert (job.precision, job.runners, job.batch_tokens, job.batch_size) == \
+        (service.precision, service.runners, service.batch_tokens, service.batch_size)
+    assert embedder.batcher.policy.max_batch_tokens == job.batch_tokens

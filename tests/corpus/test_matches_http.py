@@ -1,5 +1,7 @@
 """The corpus job's vectors are the HTTP service's: /embed (TEI) for the same texts with the same options, /encode
-for CLS pooling; within float rounding (a batch's other members change the last bits)."""
+for CLS pooling; within float rounding (a batch's other members change the last bits). Both in float32 (the
+service's test helper serves float32; how `--dtype auto` resolves is tests/service/engine/test_auto_precision.py's
+and tests/corpus/test_resume.py's)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def corpus_vectors(tmp_path, checkpoint, texts, *options) -> np.ndarray:
     source = write_jsonl(tmp_path / "corpus.jsonl", texts)
     output = tmp_path / "out"
     assert main(embed_args(source, output, checkpoint, "--id-column", "id", "--rows-per-shard", "16",
-                           *options)) == 0
+                           "--dtype", "float32", *options)) == 0
     found = read_output(output)
     assert found["id"] == [f"doc-{i}" for i in range(len(texts))]
     return found["embedding"]

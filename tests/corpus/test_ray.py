@@ -1,6 +1,10 @@
 """The job on Ray Data, on a local cluster of two Ray nodes: the same shards as the job on one machine (names, ids,
-vectors within float tolerance), and an embedding actor killed mid-job (SIGKILL) with the job still finishing with
-every row exactly once."""
+vectors within float tolerance), written to a directory or by the nodes to an object store (moto's S3 server); an
+embedding actor killed mid-job (SIGKILL) with the job still finishing with every row exactly once; an option the
+model cannot take refused before anything is written.
+
+Ray is an optional extra: without it these tests skip, unless BERT_REQUIRE_RAY=1 (as `make test` sets, which
+installs it) makes its absence a failure."""
 
 from __future__ import annotations
 
@@ -14,32 +18,58 @@ import numpy as np
 import pytest
 
 from corpus.settings import JobSettings
-from tests.corpus.job_helpers import manifest, read_output, sentences, write_jsonl
+from tests.corpus.job_helpers import manifest, read_output, required_or_skip, sentences, write_jsonl
+from tests.corpus.ray_pause import MARKER_VARIABLE
 
-ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -r requirements/ray.txt")
+ray = required_or_skip("ray", "BERT_REQUIRE_RAY", "Ray is an optional extra: pip install -r requirements/ray.txt")
 
 ROWS = 120
 NODE = {"num_cpus": 2, "object_store_memory": 80 * 2**20}  # logical CPUs; a small object store for a small machine
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def store():
+    """moto's S3 server, when moto is installed, with its credentials and endpoint in the environment before the
+    nodes start: each node has the store's credentials of its own, as a cluster's nodes do."""
+    from tests.corpus.object_store import environment, local_store
+
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        if os.environ.get("BERT_REQUIRE_MOTO") == "1":  # as make test sets: fail rather than skip the S3 test
+            raise
+        yield None
+        return
+    with local_store() as endpoint:
+        before = dict(os.environ)
+        os.environ.update(environment(endpoint))
+        try:
+            yield endpoint
+        finally:
+            os.environ.clear()
+            os.environ.update(before)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, store):
+    """Two nodes; the test's ray.init adds tests/corpus/ray_pause.py as the workers' setup hook, so that the first
+    actor to reach its second unit stands still, to be killed (the job's code has no hook of its own)."""
     from ray.cluster_utils import Cluster
 
     from corpus.ray_job import runtime_env
 
     marker = tmp_path_factory.mktemp("pause") / "paused"
-    os.environ.update({"CORPUS_PAUSE_AT": "embedding:2", "CORPUS_PAUSE_FILE": str(marker)})  # inherited by the nodes
+    environment = runtime_env()
+    environment["env_vars"][MARKER_VARIABLE] = str(marker)
     two_nodes = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     two_nodes.add_node(**NODE)
     try:
-        ray.init(address=two_nodes.address, log_to_driver=False, runtime_env=runtime_env())
+        ray.init(address=two_nodes.address, log_to_driver=False,
+                 runtime_env={**environment, "worker_process_setup_hook": "tests.corpus.ray_pause.install"})
         yield marker
     finally:
         ray.shutdown()
         two_nodes.shutdown()
-        for name in ("CORPUS_PAUSE_AT", "CORPUS_PAUSE_FILE"):
-            os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +99,14 @@ def test_an_actor_killed_mid_job_leaves_every_row_once_and_the_same_output(clust
     finished: list = []
     runner = threading.Thread(target=lambda: finished.append(ray_job.run(replace(job, output=str(output), ray=True))))
     runner.start()
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 120
     while not cluster.exists():  # an actor stands still before its second unit and tells its pid
         assert runner.is_alive(), "the job ended before an actor reached its second unit"
         assert time.monotonic() < deadline, "no actor reached its second unit"
         time.sleep(0.05)
     held = len(shard_names(output))
     os.kill(int(cluster.read_text()), signal.SIGKILL)
-    runner.join(timeout=90)
+    runner.join(timeout=120)
     assert not runner.is_alive(), "the job did not finish after its actor was killed"
     assert finished, "the job raised (see the captured log)"
     assert 0 < held < ROWS // job.rows_per_shard  # killed mid-job: some shards written, not all
@@ -146,3 +176,40 @@ def test_chunked_float16_output_on_ray_equals_one_machine(cluster, job, tmp_path
         assert found[column] == expected[column], column
     assert len(found["id"]) > ROWS  # chunked: more rows than documents
     np.testing.assert_allclose(found["embedding"], expected["embedding"], rtol=1e-3, atol=1e-3)
+
+
+def test_the_nodes_write_to_an_object_store_what_one_machine_writes_to_a_directory(cluster, store, job,
+                                                                                  single_machine, tmp_path):
+    if store is None:
+        pytest.skip("moto is not installed (requirements/dev.txt): no local S3 server")
+    from corpus import ray_job
+    from tests.corpus.object_store import BUCKET, download, keys
+
+    if not cluster.exists():  # (run alone) no actor stands still here
+        cluster.write_text("0")
+    summary = ray_job.run(replace(job, output=f"s3://{BUCKET}/on-ray", ray=True))
+    assert summary.shards == ROWS // job.rows_per_shard
+    objects = keys(store, "on-ray")
+    shards = sorted(name for name in objects if name.startswith("shards/"))
+    assert shards == [f"shards/{name}" for name in shard_names(single_machine)]
+    assert sorted(name for name in objects if name.startswith("done/")) == \
+        [name.replace("shards/", "done/").replace(".parquet", ".json") for name in shards]
+    found, expected = read_output(download(store, "on-ray", tmp_path)), read_output(single_machine)
+    assert found["id"] == expected["id"] and found["tokens"] == expected["tokens"]
+    np.testing.assert_allclose(found["embedding"], expected["embedding"], rtol=1e-5, atol=1e-6)
+    assert manifest(tmp_path)["complete"] and manifest(tmp_path)["totals"] == manifest(single_machine)["totals"]
+
+
+def test_an_option_the_model_cannot_take_is_refused_on_ray_before_anything_is_written(cluster, job, tmp_path):
+    from corpus import ray_job
+    from corpus.settings import SettingsError
+
+    if not cluster.exists():  # (run alone) no actor stands still here
+        cluster.write_text("0")
+    output = tmp_path / "out"
+    with pytest.raises(SettingsError) as refused:  # the tiny model is 64 wide
+        ray_job.run(replace(job, output=str(output), dimensions=65, ray=True))
+    assert "--dimensions" in str(refused.value) and "\n" not in str(refused.value)
+    assert not output.exists()
+    corrected = ray_job.run(replace(job, output=str(output), dimensions=16, ray=True))
+    assert corrected.documents == ROWS and manifest(output)["identity"]["dimensions"] == 16

@@ -1,16 +1,15 @@
 """kill -9 at several moments, then the same command again: every input row exactly once, the vectors those of a run
-never stopped, no `.tmp-` file left; a finished job rerun does nothing; another job's directory is refused."""
+never stopped, no `.tmp-` file left; a finished job rerun does nothing; another job's directory is refused. The
+job is stopped at each moment through tests/corpus/paused_job.py."""
 
 from __future__ import annotations
-
-import os
-import signal
-import time
 
 import numpy as np
 import pytest
 
-from tests.corpus.job_helpers import embed_args, manifest, read_output, run_cli, sentences, start_cli, write_jsonl
+from tests.corpus import job_helpers
+from tests.corpus.job_helpers import (embed_args, finished_job, manifest, read_output, run_cli, sentences,
+                                      write_jsonl)
 
 ROWS = 100
 OPTIONS = ("--id-column", "id", "--rows-per-shard", "16", "--max-batch-tokens", "512")
@@ -23,40 +22,32 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, corpus, tiny_checkpoint):
-    output = tmp_path_factory.mktemp("whole") / "out"
-    done = run_cli(embed_args(corpus, output, tiny_checkpoint, *OPTIONS))
-    assert done.returncode == 0, done.stderr
-    return read_output(output)
+    return finished_job(tmp_path_factory.mktemp("whole") / "out", corpus, tiny_checkpoint, *OPTIONS)
+
+
+def shard_bytes(output) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted((output / "shards").iterdir())}
 
 
 def kill_at(point: str, args: list[str], tmp_path) -> None:
-    """Run until the job stands still at `point` (corpus.local_job.pause_point), then kill -9 it."""
-    marker = tmp_path / "paused"
-    process = start_cli(args, {"CORPUS_PAUSE_AT": point, "CORPUS_PAUSE_FILE": str(marker)})
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert process.poll() is None, f"the job ended before {point}: {process.stderr.read()}"
-        assert time.monotonic() < deadline, f"the job never reached {point}"
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    process.stderr.close()
+    job_helpers.kill_at(point, args, tmp_path / "paused")
 
 
-@pytest.mark.parametrize("point", ["plan", "batches:3", "renaming:2", "shards:1", "shards:4"])
+@pytest.mark.parametrize("point", ["plan", "batches:3", "committing:2", "shards:1", "shards:4"])
 def test_killed_then_resumed_gives_every_row_once(tmp_path, corpus, tiny_checkpoint, uninterrupted, point):
     output = tmp_path / "out"
     args = embed_args(corpus, output, tiny_checkpoint, *OPTIONS)
     kill_at(point, args, tmp_path)
     assert not manifest(output)["complete"]
-    if point == "renaming:2":  # killed with a whole shard under its temporary name
-        assert list((output / "shards").glob(".tmp-*"))
+    if point == "committing:2":  # killed with a whole shard under its temporary name
+        assert list((output / "shards").glob(".tmp-*")) and len(list((output / "shards").glob("part-*"))) == 1
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stderr
-    found = read_output(output)
+    found, expected = read_output(output), read_output(uninterrupted)
     assert sorted(found["id"]) == sorted(f"doc-{i}" for i in range(ROWS))  # each once: no gap, no duplicate
-    assert found["id"] == uninterrupted["id"]
-    np.testing.assert_allclose(found["embedding"], uninterrupted["embedding"], rtol=1e-5, atol=1e-6)
+    assert found["id"] == expected["id"]
+    np.testing.assert_array_equal(found["embedding"], expected["embedding"])
+    assert shard_bytes(output) == shard_bytes(uninterrupted)  # the very files of a run never stopped
     assert not [p for p in output.rglob(".tmp-*")]
     finished = manifest(output)
     assert finished["complete"] and finished["totals"]["rows"] == ROWS
@@ -82,7 +73,7 @@ def test_a_finished_job_rerun_does_nothing(tmp_path, corpus, tiny_checkpoint):
     (("--output-precision", "float16"), "--output-precision"),
     (("--pooling", "cls"), "--pooling"),
     (("--rows-per-shard", "20"), "--rows-per-shard"),
-    (("--dtype", "bfloat16"), "--dtype"),
+    (("--dtype", "int8"), "--dtype"),  # whatever auto resolved to here, it is never int8
 ])
 def test_an_output_made_with_other_settings_is_refused_by_name(tmp_path, corpus, tiny_checkpoint, changed, named):
     output = tmp_path / "out"

@@ -8,7 +8,6 @@ import gzip
 import io
 import json
 import os
-import socket
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,39 +18,23 @@ from corpus.inputs import resolve_inputs
 from corpus.plan import make_plan
 from corpus.readers import Document, read_unit
 from tests.conftest import wikitext_lines
+from tests.corpus.job_helpers import required_or_skip
 
-moto_server = pytest.importorskip("moto.server")
-
-BUCKET = "corpus-test"
-FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                    "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+required_or_skip("moto.server", "BERT_REQUIRE_MOTO", "moto (requirements/dev.txt) is the local S3 server")
+from tests.corpus.object_store import BUCKET, local_store, use_store  # noqa: E402
+from tests.corpus.object_store import client as store_client  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def endpoint():
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with local_store() as url:
+        yield url
 
 
 @pytest.fixture
 def s3_env(endpoint, monkeypatch):
     """Fake credentials and the endpoint in this test's environment only (no ~/.aws, no real account)."""
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)
-    for name, value in {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint,
-                        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
-        monkeypatch.setenv(name, value)
+    use_store(monkeypatch, endpoint)
     return endpoint
 
 
@@ -59,11 +42,7 @@ def s3_env(endpoint, monkeypatch):
 def corpus(endpoint):
     """A bucket with a JSONL file, a gzipped text file, a Parquet file and a stray marker, written with
     plain boto3 (what a user's upload would be), and the texts they hold."""
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    client.create_bucket(Bucket=BUCKET)
+    client = store_client(endpoint)
     texts = wikitext_lines("valid", limit=60)
     jsonl = "".join(json.dumps({"id": f"w{i}", "text": t}) + "\n" for i, t in enumerate(texts)).encode()
     client.put_object(Bucket=BUCKET, Key="data/wiki.jsonl", Body=jsonl)

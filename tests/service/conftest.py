@@ -16,7 +16,10 @@ def anyio_backend():
 
 @asynccontextmanager
 async def serving(checkpoint, engine_factory=None, **overrides):
-    """The app with its lifespan running and the model loaded, behind an in-process httpx client."""
+    """The app with its lifespan running and the model loaded, behind an in-process httpx client. In float32 unless
+    the test asks for another `dtype`: most tests hold answers to `transformers`' float32 ones within 1e-5, and
+    `--dtype auto` may serve bfloat16 on a CPU that has it (tests/service/engine/test_auto_precision.py)."""
+    overrides.setdefault("dtype", "float32")
     app = create_app(Settings(checkpoint=checkpoint, **overrides), engine_factory=engine_factory)
     async with app.router.lifespan_context(app):
         await app.state.loading

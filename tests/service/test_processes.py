@@ -123,10 +123,10 @@ def test_metrics_count_every_front_end(workers):
     outcomes = asyncio.run(hammer(url, 40))
     assert outcomes == [200] * 40
     text = httpx.get(url + "/metrics").text  # answered by one front end, counting both
-    answered = sum(float(v) for v in re.findall(r'^bert_requests_total\{route="/embed",status="200"\} (\S+)$', text,
-                                                  re.MULTILINE))
+    answered = sum(float(v) for v in re.findall(
+        r'^bert_requests_total\{model="[^"]+",route="/embed",status="200"\} (\S+)$', text, re.MULTILINE))
     assert answered == 40
-    assert float(re.search(r"^bert_items_computed_total (\S+)$", text, re.MULTILINE).group(1)) >= 160
+    assert float(re.search(r'^bert_items_computed_total\{model="[^"]+"\} (\S+)$', text, re.MULTILINE).group(1)) >= 160
 
 
 def test_answers_leave_at_once_on_a_kept_alive_connection(workers):
@@ -251,7 +251,7 @@ def test_a_model_that_cannot_load_stops_the_server_with_its_reason(tmp_path, tin
                              "--max-batch-tokens", "64", "--port", str(free_port())], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
-    assert "max_batch_tokens (64) is below the model's maximum input length" in result.stderr
+    assert "--max-batch-tokens (64) is below the model's maximum input length" in result.stderr
     assert "Traceback" not in result.stderr
 
 

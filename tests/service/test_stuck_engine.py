@@ -113,7 +113,7 @@ async def test_a_hung_compute_thread_is_noticed_in_one_process(tiny_checkpoint):
 @pytest.mark.anyio
 async def test_the_engine_drops_a_request_at_its_deadline_while_its_device_hangs(tiny_checkpoint):
     """One batch on the hung device, the next prepared, and a request queued behind them: the engine itself answers
-    it at its deadline. (The packer slept without a timeout over the then-empty queue, and the entry's deadline,
+    it at its deadline. (The preparer slept without a timeout over the then-empty queue, and the entry's deadline,
     later than a stale earlier one, did not wake it: the request waited for as long as the device hung.)"""
     HangingEngine.release.clear()
     HangingEngine.entered.clear()

@@ -6,7 +6,12 @@ const keyInput = document.getElementById("api-key");
 keyInput.value = localStorage.getItem("bert-api-key") || "";
 keyInput.addEventListener("change", () => localStorage.setItem("bert-api-key", keyInput.value));
 
+// The model the forms ask: "" is the server's default; with several models served, the picker sets another
+// (its routes are under /models/NAME).
+let modelPrefix = "";
+
 async function call(path, body) {
+  path = modelPrefix + path;
   const headers = { "content-type": "application/json" };
   if (keyInput.value) headers.authorization = "Bearer " + keyInput.value;
   const response = await fetch(path, body === undefined ? { headers } : { method: "POST", headers, body: JSON.stringify(body) });
@@ -121,6 +126,7 @@ wire("classify-form", "classify-results", async (results) => {
 // classifier classifies (model_type as text-embeddings-inference's /info says it).
 function showHeads(info) {
   document.getElementById("model-name").textContent = info.model;
+  showModels(info);
   document.getElementById("fill-mask").hidden = !info.heads.mlm;
   document.getElementById("nsp").hidden = !info.heads.nsp;
   document.getElementById("rank").hidden = !("reranker" in info.model_type);
@@ -131,5 +137,26 @@ function loadInfo() {
   call("/info").then(showHeads)
     .catch(() => { document.getElementById("model-name").textContent = "(send the API key to see it)"; });
 }
+// Several models: a picker of every served model; choosing one points the forms at /models/NAME.
+const picker = document.getElementById("model-picker");
+function showModels(info) {
+  const models = info.models || [];
+  document.getElementById("model-choice").hidden = models.length < 2;
+  if (picker.options.length === models.length) return;
+  picker.replaceChildren(...models.map((m) => {
+    const option = element("option", null, m.default ? `${m.name} (default)` : m.name);
+    option.value = m.name;
+    option.dataset.default = m.default ? "yes" : "";
+    return option;
+  }));
+  picker.value = info.name;
+}
+picker.addEventListener("change", () => {
+  const isDefault = picker.selectedOptions[0] && picker.selectedOptions[0].dataset.default === "yes";
+  modelPrefix = isDefault ? "" : `/models/${encodeURIComponent(picker.value)}`;
+  document.querySelectorAll(".results").forEach((results) => results.replaceChildren());
+  loadInfo();
+});
+
 keyInput.addEventListener("change", loadInfo);
 loadInfo();

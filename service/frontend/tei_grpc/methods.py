@@ -17,7 +17,7 @@ from service.frontend.frontdoor import FrontDoor, Waiter
 from service.frontend.inputs import Preparation, preparation
 from service.frontend.outputs import labelled
 from service.frontend.request_record import RequestRecord
-from service.frontend.rerank import best_first, rerank_scores
+from service.frontend.rerankers import RerankOptions, best_first
 from service.frontend.runtime import Runtime
 from service.frontend.tei_grpc import tei_pb2 as pb
 from service.frontend.tei_grpc import wire
@@ -125,8 +125,9 @@ async def rerank(call: Call, m: pb.RerankRequest) -> bytes:
     """As POST /rerank: every text's score against the query, best first."""
     prep = call.prep(m.truncate, m.truncation_direction)
     texts = list(m.texts)
-    scores = await rerank_scores(call.door, call.runtime.checkpoint.labels, m.query, texts, prep, m.raw_scores,
-                                 gone=call.gone, call="Rerank")
+    reranker = call.runtime.default_model.reranker  # a cross-encoder's, or a ColBERT's MaxSim
+    scores = await reranker.scores(m.query, texts, RerankOptions(prep, raw_scores=m.raw_scores, field="texts"),
+                                   gone=call.gone)
     chars = len(m.query) * len(texts) + sum(map(len, texts))
     return ranks_answer([(int(i), float(scores[i]), texts[i] if m.return_text else None) for i in best_first(scores)],
                         call.metadata(chars))
@@ -142,8 +143,9 @@ def ranks_answer(ranks: list[tuple[int, float, str | None]], meta: bytes) -> byt
 async def rerank_one(call: Call, m: pb.RerankStreamRequest, raw_scores: bool) -> float:
     """One message of RerankStream: the score of its (query, text) pair (`raw_scores` is the stream's first's)."""
     prep = call.prep(m.truncate, m.truncation_direction)
-    (score,) = await rerank_scores(call.door, call.runtime.checkpoint.labels, m.query, [m.text], prep, raw_scores,
-                                   gone=call.gone, call="RerankStream")
+    reranker = call.runtime.default_model.reranker
+    (score,) = await reranker.scores(m.query, [m.text], RerankOptions(prep, raw_scores=raw_scores, field="text"),
+                                     gone=call.gone)
     call.record.chars = len(m.query) + len(m.text)
     return float(score)
 

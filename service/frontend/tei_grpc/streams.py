@@ -15,7 +15,6 @@ import grpc
 
 from service.errors import ServiceError
 from service.frontend.request_record import RequestRecord
-from service.frontend.rerank import require_cross_encoder
 from service.frontend.tei_grpc import methods, tei_pb2
 from service.frontend.tei_grpc.errors import CallError, status_of
 from service.frontend.tei_grpc.methods import Call, Rpc, parse
@@ -54,7 +53,6 @@ def rerank_stream(front: GrpcFrontEnd, rpc: Rpc):
             nonlocal size
             if not first:  # the stream's first message sets raw_scores and return_text (messages start in order)
                 first.update(raw=m.raw_scores, text=m.return_text)
-                require_cross_encoder(call.door, "RerankStream")
             size += RANK_BYTES + (len(m.text.encode()) if first["text"] else 0)
             if size > limit:
                 raise ServiceError("validation", f"the ranking would exceed {front.settings.max_response_mb:g} MB "

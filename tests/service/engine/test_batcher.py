@@ -14,7 +14,7 @@ from tests.conftest import tiny_config
 
 
 class Queue:
-    """A queue of entries of given lengths; `_select()` takes the next batch out of it, as the packer does."""
+    """A queue of entries of given lengths; `_select()` takes the next batch out of it, as the preparer does."""
 
     def __init__(self, policy: BatchPolicy, lengths: list[int]):
         ticket = Ticket(deadline=1e18, size=len(lengths), sink=None)

@@ -138,14 +138,16 @@ def test_graph_states_reach_metrics_and_model_facts(static_path, monkeypatch):
     corrupt(graphs, (64, True), monkeypatch)
     adopt_if_faithful(engine, graphs)
     metrics = Metrics()
-    metrics.observe_graphs(graphs.live, list(engine.graphs_fallen_back))
+    metrics.for_model("m").observe_graphs(graphs.live, list(engine.graphs_fallen_back))
     text = metrics.render().decode()
-    assert 'bert_cuda_graph_live{graph="64x8"} 0.0' in text and 'bert_cuda_graph_live{graph="512x8"} 1.0' in text
+    assert 'bert_cuda_graph_live{graph="64x8",model="m"} 0.0' in text
+    assert 'bert_cuda_graph_live{graph="512x8",model="m"} 1.0' in text
 
 
 def test_start_up_reports_live_and_fallen_back_graphs(static_path, monkeypatch, tiny_checkpoint):
-    """load_engine: what the check kept and dropped reaches the facts (/info) and /metrics."""
+    """The service's start-up: what the check kept and dropped reaches the facts (/info) and /metrics."""
     import service.engine.loader as loader
+    from service.engine.models import load_models
     from service.metrics import Metrics
     from service.settings import Settings
 
@@ -155,11 +157,11 @@ def test_start_up_reports_live_and_fallen_back_graphs(static_path, monkeypatch, 
         return adopt_if_faithful(engine, graphs)
     monkeypatch.setattr(loader, "capture_graphs", stand_in_graphs)
     metrics = Metrics()
-    loaded = loader.load_engine(Settings(checkpoint=tiny_checkpoint, device="cpu"), metrics)
+    models = load_models(Settings(checkpoint=tiny_checkpoint, device="cpu"), metrics)
     try:
-        facts = loaded.facts
+        facts = models.facts[0]
         assert facts.cuda_graphs == 3 and facts.cuda_graphs_live == ["64x8", "192x8", "256x8"]
         assert facts.cuda_graphs_eager[0].startswith("128x8: token vectors drift")
-        assert 'bert_cuda_graph_live{graph="128x8"} 0.0' in metrics.render().decode()
+        assert 'bert_cuda_graph_live{graph="128x8",model="tiny"} 0.0' in metrics.render().decode()
     finally:
-        loaded.batcher.stop()
+        models.stop()

@@ -175,10 +175,11 @@ def test_graphed_batches_and_their_padding_rows_are_counted(static_path):
     graphed = engine.collate(items_of((20, 9, 40), seed=2))
     metrics = Metrics()
     for batch in (eager, graphed):
-        metrics.observe_batch(0.01, batch)
+        metrics.for_model("m").observe_batch(0.01, batch)
     text = metrics.render().decode()
-    assert "bert_batches_graphed_total 1.0" in text
-    assert f"bert_graph_padding_rows_total {float(128 - 69)}" in text  # 69 tokens padded up to the 128 bucket
+    assert 'bert_batches_graphed_total{model="m"} 1.0' in text
+    # 69 tokens padded up to the 128 bucket
+    assert f'bert_graph_padding_rows_total{{model="m"}} {float(128 - 69)}' in text
 
 
 class LateReader(Engine):

@@ -1,5 +1,5 @@
 """An idle runner picks a new request's batch itself (one thread hop instead of two: service.engine.batcher), and
-that shortcut keeps every rule the packer keeps: deadlines, cancellation, oldest first, batching under load."""
+that shortcut keeps every rule the preparer keeps: deadlines, cancellation, oldest first, batching under load."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def answered(sink: Collected, count: int) -> None:
     assert len(sink.tickets) >= count, f"{len(sink.tickets)} of {count} answered"
 
 
-def test_a_request_to_an_idle_batcher_is_collated_by_the_runner_not_the_packer():
+def test_a_request_to_an_idle_batcher_is_collated_by_the_runner_not_the_preparer():
     engine, sink = HostEngine(), Collected()
     batcher = started(engine, runners=2)
     try:
@@ -84,13 +84,13 @@ def test_a_request_to_an_idle_batcher_is_collated_by_the_runner_not_the_packer()
         batcher.stop()
 
 
-def test_the_packer_alone_picks_when_batches_may_wait_for_company():
+def test_the_preparer_alone_picks_when_batches_may_wait_for_company():
     engine, sink = HostEngine(), Collected()
     batcher = started(engine, max_wait_s=0.001)
     try:
         ask(batcher, sink, [[1]])
         answered(sink, 1)
-        assert engine.collated_on == ["bert-packer"]
+        assert engine.collated_on == ["bert-preparer"]
     finally:
         batcher.stop()
 
@@ -136,27 +136,27 @@ def test_while_the_idle_runner_computes_the_queue_builds_batches_oldest_first():
         answered(sink, 6)
         assert first.results == [100] and [t.results for t in later] == [[n] for n in range(1, 6)]
         assert engine.batches[0] == [100]
-        # the five that queued meanwhile went out together (the packer prepared them while the runner was busy)
+        # the five that queued meanwhile went out together (the preparer prepared them while the runner was busy)
         assert sorted(x for batch in engine.batches[1:] for x in batch) == [1, 2, 3, 4, 5]
         assert len(engine.batches) == 2, engine.batches
     finally:
         batcher.stop()
 
 
-def test_while_a_batch_computes_a_new_request_goes_through_the_packer():
+def test_while_a_batch_computes_a_new_request_goes_through_the_preparer():
     engine, sink = HostEngine(), Collected()
     engine.gate = threading.Event()
     batcher = started(engine, runners=2)
     try:
         ask(batcher, sink, [[1]])
         assert engine.running.wait(5)
-        ask(batcher, sink, [[2]])  # one runner is busy: under load the packer picks, so batches gather company
+        ask(batcher, sink, [[2]])  # one runner is busy: under load the preparer picks, so batches gather company
         deadline = time.monotonic() + 5
         while len(engine.collated_on) < 2 and time.monotonic() < deadline:
             time.sleep(0.001)  # picked and collated while the first batch is still held
         engine.gate.set()
         answered(sink, 2)
-        assert engine.collated_on[0].startswith("bert-runner-") and engine.collated_on[1] == "bert-packer"
+        assert engine.collated_on[0].startswith("bert-runner-") and engine.collated_on[1] == "bert-preparer"
     finally:
         engine.gate.set()
         batcher.stop()

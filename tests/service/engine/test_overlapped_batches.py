@@ -126,7 +126,7 @@ def test_every_request_gets_its_own_answers_and_launches_run_ahead():
     launches = [n for kind, n in engine.log if kind == "launch"]
     finishes = [n for kind, n in engine.log if kind == "finish"]
     assert launches == finishes == sorted(launches)  # each batch finished once, in launch order
-    # With batches queued, batch k+1 was launched before batch k was finished (most of the time: the packer collates
+    # With batches queued, batch k+1 was launched before batch k was finished (most of the time: the preparer collates
     # the next batch while the runner launches this one, and the runner waits a moment for it)
     ahead = sum(engine.log.index(("launch", k + 1)) < engine.log.index(("finish", k)) for k in launches[:-1])
     assert ahead >= len(launches) // 2, engine.log
@@ -168,4 +168,4 @@ def test_stopping_answers_everything_queued(device_s):
     batcher.stop()
     assert sorted(t.tag for t in sink.tickets) == list(range(20))
     assert all(t.results == [t.tag] for t in sink.tickets)
-    assert not any(thread.is_alive() for thread in batcher._threads)
+    assert not any(thread.is_alive() for thread in [batcher._preparer, *batcher.device._threads])

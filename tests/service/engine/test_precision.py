@@ -54,30 +54,23 @@ def test_int8_on_a_gpu_is_refused_with_a_clear_message():
     assert choose("auto", torch.device("cpu")).dtype == torch.float32  # auto stays exact on CPU
 
 
-def test_int8_says_whether_its_fused_kernels_run(monkeypatch, caplog):
-    from model import int8_kernels
+def test_int8_says_which_path_runs_and_warns_off_the_c_layer(monkeypatch, caplog):
+    from kernels import int8_layer, int8_numba, int8_products
 
-    monkeypatch.setattr(int8_kernels, "AVAILABLE", True)
-    assert "; fused kernels;" in choose("int8", torch.device("cpu")).name
-    monkeypatch.setattr(int8_kernels, "AVAILABLE", False)
-    with caplog.at_level("WARNING", logger="service"):
-        precision = choose("int8", torch.device("cpu"))
-    assert "install numba" in precision.name and precision.is_int8
-    assert "numba is not installed" in caplog.text
-
-
-def test_int8_says_which_products_run(monkeypatch):
-    from model import int8_vnni
-
-    from model import int8_layer
-
-    monkeypatch.setattr(int8_vnni, "kernel", lambda: object())
     monkeypatch.setattr(int8_layer, "kernel", lambda: object())
-    assert choose("int8", torch.device("cpu")).name.endswith("; VNNI products; each layer in one C call)")
+    assert choose("int8", torch.device("cpu")).name.endswith("; each layer in one C call)")
     monkeypatch.setattr(int8_layer, "kernel", lambda: None)
     monkeypatch.setattr(int8_layer, "why_not", lambda: "no C compiler (cc) to build int8_layer.c")
-    assert choose("int8", torch.device("cpu")).name.endswith("; VNNI products; layers as modules: no C compiler "
-                                                            "(cc) to build int8_layer.c)")
-    monkeypatch.setattr(int8_vnni, "kernel", lambda: None)
-    monkeypatch.setattr(int8_vnni, "why_not", lambda: "this CPU lacks avx512_vnni")
-    assert choose("int8", torch.device("cpu")).name.endswith("; torch._int_mm products: this CPU lacks avx512_vnni)")
+    monkeypatch.setattr(int8_products, "kernel", lambda: object())
+    monkeypatch.setattr(int8_numba, "AVAILABLE", True)
+    with caplog.at_level("WARNING", logger="service"):
+        precision = choose("int8", torch.device("cpu"))
+    assert precision.is_int8 and precision.name.endswith(
+        "; layers as modules, row steps in numba, VNNI products: no C compiler (cc) to build int8_layer.c)")
+    assert "slower than one C call a layer" in caplog.text
+    monkeypatch.setattr(int8_products, "kernel", lambda: None)
+    monkeypatch.setattr(int8_numba, "AVAILABLE", False)
+    monkeypatch.setattr(int8_layer, "why_not", lambda: "this CPU lacks avx512_vnni")
+    assert choose("int8", torch.device("cpu")).name.endswith(
+        "; layers as modules, row steps in torch (numba is not installed), torch._int_mm products: this CPU lacks "
+        "avx512_vnni)")

@@ -41,7 +41,7 @@ def test_the_default_refuses_the_answers_of_the_issue_and_lets_documented_reques
 
 async def test_a_request_over_the_cap_is_refused_before_compute(tiny_checkpoint):
     async with serving(tiny_checkpoint, max_response_mb=0.5) as client:
-        computed = client.app.state.runtime.metrics.items_computed
+        computed = client.app.state.runtime.metrics.items_computed.labels(model="tiny")
         before = computed._value.get()
         text = "the " + " ".join(["[MASK] river"] * 20)
         response = await client.post("/fill-mask", json={"inputs": [text] * 64, "top_k": 100})

@@ -180,14 +180,15 @@ async def test_health_info_metrics_and_docs(tiny_checkpoint):
         docs = await client.get("/docs")
     assert info["config"]["hidden_size"] == 64 and info["device"] == "cpu" and info["dtype"] == "float32"
     assert info["heads"] == {"mlm": True, "nsp": True, "classifier": False, "token_classifier": False,
-                             "question_answering": False}
+                             "question_answering": False, "late_interaction": False}
+    assert info["late_interaction"] is None
     assert info["limits"]["max_batch_tokens"] == 16384 and info["limits"]["api_key"] is None
     # cpu_batch_tokens auto: 6 MiB over a 128-wide float32 feed-forward is 12,288 tokens; the power of two below
     assert info["limits"]["batch_tokens_in_force"] == 8192
     for name in ("bert_requests_total", "bert_request_failures_total", "bert_queue_depth", "bert_queue_time_seconds",
                  "bert_inference_seconds", "bert_batch_sequences", "bert_batch_tokens", "bert_batch_padding_fraction"):
         assert name in metrics
-    assert 'bert_request_failures_total{error_type="validation",route="/nsp"} 1.0' in metrics
+    assert 'bert_request_failures_total{error_type="validation",model="tiny",route="/nsp"} 1.0' in metrics
     assert {"/encode", "/fill-mask", "/nsp", "/health", "/info", "/metrics"} <= set(openapi["paths"])
     assert "examples" in str(openapi["components"]["schemas"]["EncodeRequest"])
     assert docs.status_code == 200
@@ -204,7 +205,7 @@ async def test_liveness_is_not_readiness(tiny_checkpoint):
         draining = await client.get("/live")
         assert draining.status_code == 200 and draining.json()["state"] == "draining"
         runtime.lifecycle.state = "ready"
-        runtime.link.loaded.batcher.stop()  # the threads end, as a crashed one would
+        runtime.link.models.stop()  # the threads end, as a crashed one would
         dead = await client.get("/live")
         assert dead.status_code == 503 and "thread" in dead.json()["error"]
         openapi = (await client.get("/openapi.json", headers={"Authorization": "Bearer a-long-secret"})).json()
@@ -250,8 +251,8 @@ async def test_max_batch_size_setting(tiny_checkpoint):
             assert (await client.post("/encode", json={"inputs": inputs})).status_code == 200
             metrics = {line.split()[0]: float(line.split()[1]) for line in (await client.get("/metrics")).text.splitlines()
                        if line.startswith("bert_batch_sequences_")}
-            assert metrics["bert_batch_sequences_sum"] == 10
-            assert metrics["bert_batch_sequences_count"] >= (4 if setting == 3 else 1)  # 10 inputs, 3 a batch
+            assert metrics['bert_batch_sequences_sum{model="tiny"}'] == 10
+            assert metrics['bert_batch_sequences_count{model="tiny"}'] >= (4 if setting == 3 else 1)  # 10 inputs, 3 a batch
 
 
 async def test_cuda_graphs_setting_on_a_cpu(tiny_checkpoint):
@@ -261,4 +262,4 @@ async def test_cuda_graphs_setting_on_a_cpu(tiny_checkpoint):
         limits = (await client.get("/info")).json()["limits"]
         assert limits["cuda_graphs_in_force"] == 0 and limits["cuda_graphs"] == {"live": [], "eager": []}
         assert (await client.post("/encode", json={"inputs": ["one", "two"]})).status_code == 200
-        assert "bert_batches_graphed_total 0.0" in (await client.get("/metrics")).text
+        assert 'bert_batches_graphed_total{model="tiny"} 0.0' in (await client.get("/metrics")).text

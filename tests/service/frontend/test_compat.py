@@ -137,7 +137,7 @@ def test_pooling_follows_the_sentence_transformers_config(tmp_path):
         hidden = model(**encoded).last_hidden_state
     mask = encoded["attention_mask"][..., None].float()
     want = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).numpy()
-    process, url = start_service(minilm)
+    process, url = start_service(minilm, "--dtype", "float32")  # held to transformers in float32
     try:
         info = httpx.get(url + "/info").json()
         assert info["pooling"]["mode"] == "mean" and "sentence-transformers" in info["pooling"]["source"]

@@ -45,7 +45,7 @@ def _settings(checkpoint) -> Settings:
 
 
 def _dropped(metrics: str) -> float:
-    found = re.search(r'^bert_items_dropped_total\{reason="disconnected"\} (\S+)$', metrics, re.M)
+    found = re.search(r'^bert_items_dropped_total\{model="[^"]*",reason="disconnected"\} (\S+)$', metrics, re.M)
     return float(found.group(1)) if found else 0.0
 
 

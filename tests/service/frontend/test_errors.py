@@ -133,8 +133,10 @@ async def test_checkpoint_without_heads_answers_unsupported(tmp_path, tiny_check
                      "token-classification head")
         assert_error(await client.post("/question-answering", json={"inputs": {"question": "a", "context": "b"}}), 424,
                      "unsupported", "question-answering head")
+        assert_error(await client.post("/token-vectors", json={"inputs": "a"}), 424, "unsupported", "ColBERT")
         assert (await client.get("/info")).json()["heads"] == {"mlm": False, "nsp": False, "classifier": False,
-                                                               "token_classifier": False, "question_answering": False}
+                                                               "token_classifier": False, "question_answering": False,
+                                                               "late_interaction": False}
 
 
 class GatedEngine(Engine):
@@ -196,7 +198,7 @@ async def test_concurrency_cap_refuses_at_once_before_parsing_the_body(tiny_chec
         # The slots are free again.
         assert (await client.post("/encode", json={"inputs": "after"})).status_code == 200
         metrics = (await client.get("/metrics")).text
-    assert 'bert_request_failures_total{error_type="overloaded",route="/nsp"} 2.0' in metrics
+    assert 'bert_request_failures_total{error_type="overloaded",model="tiny",route="/nsp"} 2.0' in metrics
 
 
 async def test_queue_deadline_answers_503_and_skips_compute(tiny_checkpoint):
@@ -211,8 +213,8 @@ async def test_queue_deadline_answers_503_and_skips_compute(tiny_checkpoint):
         GatedEngine.gate.set()
         await asyncio.gather(*blockers)
         metrics = (await client.get("/metrics")).text
-    assert 'bert_items_dropped_total{reason="deadline"} 1.0' in metrics
-    assert "bert_items_computed_total 2.0" in metrics  # the late item never reached the device
+    assert 'bert_items_dropped_total{model="tiny",reason="deadline"} 1.0' in metrics
+    assert 'bert_items_computed_total{model="tiny"} 2.0' in metrics  # the late item never reached the device
 
 
 class FailingEngine(Engine):

@@ -20,7 +20,7 @@ from service.tracing import setup
 # With the gRPC API and traces on: their modules (the gRPC server, the OpenTelemetry SDK and exporter) come in too.
 settings = Settings(checkpoint=sys.argv[1], grpc_port=50051, otlp_endpoint="http://127.0.0.1:4317")
 state = runtime.Runtime(settings, link=None, tracing=setup(settings, "front-end-0"))
-state.checkpoint = runtime.load_checkpoint_files(sys.argv[1])  # what Runtime.start reads
+state.default_model.checkpoint = runtime.load_checkpoint_files(sys.argv[1])  # what Runtime.start reads
 create_http_app(state)
 import service.frontend.tei_grpc.server, opentelemetry.exporter.otlp.proto.grpc.trace_exporter  # noqa: E401
 print(json.dumps({"torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")),

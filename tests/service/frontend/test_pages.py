@@ -120,3 +120,30 @@ def test_playground_classifies_for_a_classifier(tiny_classifier):
     finally:
         process.kill()
         process.wait()
+
+
+def test_playground_picks_a_model_of_several(tiny_checkpoint, tiny_cross_encoder):
+    """With several models served, a picker lists them; the forms then ask the model picked, and show what it
+    can do. With one model, no picker."""
+    process, url = start_service(f"fill={tiny_checkpoint}", "--checkpoint", f"rank={tiny_cross_encoder}")
+    try:
+        with offline_page() as page:
+            page.goto(url + "/")
+            page.wait_for_selector("#model-choice:not([hidden])", timeout=30_000)
+            options = page.locator("#model-picker option").all_inner_texts()
+            assert options == ["fill (default)", "rank"]
+            assert page.locator("#fill-mask").is_visible() and page.locator("#rank").is_hidden()
+            page.select_option("#model-picker", "rank")
+            page.wait_for_selector("#rank:not([hidden])", timeout=30_000)
+            assert page.locator("#fill-mask").is_hidden() and page.locator("#model-name").inner_text() == "rank"
+            page.click("#rank-form button")
+            page.wait_for_selector("#rank-results .bar-row", timeout=30_000)
+            assert len(page.locator("#rank-results .bar-row").all()) == 4
+            page.select_option("#model-picker", "fill")
+            page.wait_for_selector("#fill-mask:not([hidden])", timeout=30_000)
+            page.click("#fill-form button")
+            page.wait_for_selector("#fill-results .bar-row", timeout=30_000)
+            assert page.outside_requests == []
+    finally:
+        process.kill()
+        process.wait()

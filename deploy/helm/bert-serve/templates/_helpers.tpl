@@ -62,3 +62,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "bert.fetchesModel" -}}
 {{- if or (eq .Values.model.source "init") (and (eq .Values.model.source "hub") (not .Values.model.hub.offline)) -}}true{{- end -}}
 {{- end -}}
+
+{{/* The corpus job's pods: a name label of their own, so that no selector of the API's matches them. */}}
+{{- define "bert.corpusLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-corpus
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: corpus
+{{- end -}}
+
+{{/* Whether the corpus job reads or writes a local path, which then lives on corpus.storage's claim at /data. */}}
+{{- define "bert.corpusNeedsVolume" -}}
+{{- if or (not (hasPrefix "s3://" .Values.corpus.input)) (not (hasPrefix "s3://" .Values.corpus.output)) -}}true{{- end -}}
+{{- end -}}

@@ -73,6 +73,19 @@ at `helm template` / `helm install` time rather than as a pod that never schedul
 {{- if and $v.training.distributed.enabled (lt ($v.training.distributed.nodes | int) 2) -}}
 {{- fail "training.distributed.nodes: a multi-node run needs at least 2 nodes (use training.job for one)" -}}
 {{- end -}}
+{{- if $v.corpus.enabled -}}
+{{- if not $v.corpus.input -}}{{- fail "corpus.input: the corpus job needs an input (s3://bucket/prefix/ or a path under /data)" -}}{{- end -}}
+{{- if not $v.corpus.output -}}{{- fail "corpus.output: the corpus job needs an output (s3://bucket/prefix or a directory under /data)" -}}{{- end -}}
+{{- range $name := list "input" "output" -}}
+{{- $path := toString (get $v.corpus $name) -}}
+{{- if and (not (hasPrefix "s3://" $path)) (not (hasPrefix "/data/" $path)) -}}
+{{- fail (printf "corpus.%s: %q is neither s3://... nor a path under /data (where corpus.storage.claimName is mounted)" $name $path) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (include "bert.corpusNeedsVolume" $) (not $v.corpus.storage.claimName) -}}
+{{- fail "corpus.storage.claimName: the corpus job's input or output is a path under /data, which needs a claim (or use s3:// for both)" -}}
+{{- end -}}
+{{- end -}}
 {{- if and (or $v.training.job.enabled $v.training.distributed.enabled) (not $v.training.storage.claimName) (not $v.training.storage.create) -}}
 {{- fail "training.storage.claimName: the trainer needs a volume (set training.storage.claimName, or training.storage.create: true)" -}}
 {{- end -}}

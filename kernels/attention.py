@@ -1,0 +1,95 @@
+"""Attention for short packed sequences on CPUs with AVX-512 (`kernels/c/attention.c`), where torch's CPU attention
+costs several times its arithmetic.
+
+Built and loaded at first use (`kernels.loading`), then checked against `F.scaled_dot_product_attention` on sequences
+of several lengths (within 1e-4; the two differ in summation order and in exp). `kernel()` is None where it cannot
+run (`why_not()` says why), and `model.attention.attend_each` keeps torch's attention, one call per sequence.
+
+The network knows nothing of this package: `install()` hands the kernel to `model.attention`, which asks for it at
+each packed batch on a CPU (the service's start-up installs it, for every precision).
+
+Which sequences: on one layer of all-MiniLM-L6-v2 (12 heads of 32) on one core it is faster than one SDPA call per
+sequence up to 96 tokens and slower from 128 (BENCHMARKS.md, "One query at a time on a CPU"). So it takes the
+sequences of at most `MAX_LENGTH` tokens, torch the longer ones.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from kernels import int8_reference
+from kernels.loading import FirstUse, KernelUnavailable
+from model import attention as model_attention
+
+SOURCE_NAME = "attention.c"
+MAX_LENGTH = 96  # measured: faster than SDPA up to 96 tokens, slower from 128
+LANES = 16  # the kernel's vector width in floats: head sizes must be multiples of it
+
+
+class Kernel:
+    """The loaded library."""
+
+    max_length = MAX_LENGTH
+
+    def __init__(self, library: ctypes.CDLL):
+        pointer, size = ctypes.c_void_p, ctypes.c_int64
+        self._attend = library.attend_packed
+        self._attend.argtypes = [pointer, pointer, pointer, size, size, size, ctypes.c_float, pointer, pointer, size,
+                                 size]
+        self._attend.restype = None
+
+    @staticmethod
+    def fits(head_dim: int) -> bool:
+        return head_dim % LANES == 0
+
+    def attend(self, qkv: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int, num_heads: int,
+               head_dim: int, out: torch.Tensor, threads: int | None = None) -> None:
+        """Writes attention's output for each sequence (rows starts[i] .. starts[i] + lengths[i] - 1, int64
+        tensors; `longest` the largest length) of the packed (N, 3H) float32 qkv into the same rows of out (N, H),
+        each sequence attending to itself alone, on `threads` threads (torch's count unless given)."""
+        if qkv.dtype != torch.float32 or not qkv.is_contiguous() or not out.is_contiguous() or \
+                qkv.shape[1] != 3 * num_heads * head_dim or not self.fits(head_dim) or \
+                starts.dtype != torch.int64 or lengths.dtype != torch.int64:
+            raise ValueError(f"the attention kernel takes contiguous float32 (N, 3H) rows with heads of a multiple "
+                             f"of {LANES}, not {tuple(qkv.shape)} {qkv.dtype} with {num_heads} x {head_dim}")
+        threads = torch.get_num_threads() if threads is None else threads
+        per_thread = (head_dim + 1) * (-(-longest // LANES) * LANES)
+        scratch = torch.empty(threads * per_thread)
+        self._attend(qkv.data_ptr(), starts.data_ptr(), lengths.data_ptr(), len(starts), num_heads, head_dim,
+                     head_dim ** -0.5, out.data_ptr(), scratch.data_ptr(), per_thread, threads)
+
+    def attend_spans(self, qkv: torch.Tensor, spans: Sequence[tuple[int, int]], num_heads: int, head_dim: int,
+                     threads: int | None = None) -> torch.Tensor:
+        """`attend` for the sequences at (start, length) `spans` of qkv, into a new (N, H) tensor (the signature
+        of kernels.int8_reference's `Attention`: the C layer's attention, at any length)."""
+        starts = torch.tensor([start for start, _ in spans], dtype=torch.int64)
+        lengths = torch.tensor([length for _, length in spans], dtype=torch.int64)
+        out = qkv.new_empty(qkv.shape[0], num_heads * head_dim)
+        self.attend(qkv.contiguous(), starts, lengths, int(lengths.max()), num_heads, head_dim, out, threads)
+        return out
+
+
+def _check(candidate: Kernel) -> None:
+    generator = torch.Generator().manual_seed(0)
+    for num_heads, head_dim, lengths in ((2, 16, (1, 5, 16, 17)), (12, 32, (34, 3, 96)), (4, 64, (40, 2))):
+        spans = [(sum(lengths[:index]), length) for index, length in enumerate(lengths)]
+        qkv = torch.randn(sum(lengths), 3 * num_heads * head_dim, generator=generator) * 3
+        got = candidate.attend_spans(qkv, spans, num_heads, head_dim)
+        expected = int8_reference.sdpa_each(qkv, spans, num_heads, head_dim)
+        for first, length in spans:
+            if not torch.allclose(got[first:first + length], expected[first:first + length], atol=1e-4, rtol=1e-4):
+                raise KernelUnavailable(f"the attention kernel differs from torch's at {length} tokens, "
+                                        f"{num_heads} heads of {head_dim}")
+
+
+# The kernel, built and checked at the first call (None where it cannot run); why_not() says why not.
+kernel = FirstUse(SOURCE_NAME, Kernel, _check, "CPU attention: torch's")
+why_not = kernel.why_not
+
+
+def install() -> None:
+    """Make `model.attention` ask this package for its CPU attention kernel (built and checked at its first use)."""
+    model_attention.use_cpu_kernel(kernel)

@@ -1,0 +1,93 @@
+"""The int8 layers' matrix products on CPUs with AVX512-VNNI (`kernels/c/int8_products.c`), faster than
+`torch._int_mm` at every row count, most at the few rows of a query.
+
+Built and loaded at first use (`kernels.loading`). Before first use, its products are checked against
+`torch._int_mm` on shapes that exercise every row and column tail; they must be equal bit for bit.
+`kernel()` is None (and `torch._int_mm` serves, with the same results) where it cannot run: not x86-64 Linux,
+no AVX512-VNNI, no compiler, a failed build or check. `why_not()` then says which.
+
+When it runs: always, on torch's thread count (OpenMP, torch's own pool: see the C file); BENCHMARKS.md ("One query
+at a time on a CPU") has its times against `torch._int_mm`. Each layer keeps both the blocked copy and `_int_mm`'s
+(the path where the kernel cannot run, and the layer's saved state), so int8 weights take twice their size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from kernels import int8_reference
+from kernels.loading import FirstUse, KernelUnavailable
+
+SOURCE_NAME = "int8_products.c"
+
+
+@dataclass(frozen=True)
+class BlockedWeights:
+    """A (k, n) int8 weight matrix in the kernel's blocked layout (64 output columns a block, four consecutive
+    inputs a column), with the correction its unsigned inputs need."""
+
+    blocked: torch.Tensor  # int8, blocked_size(k, n) bytes
+    correction: torch.Tensor  # (n,) int32
+    in_features: int
+    out_features: int
+
+
+class Kernel:
+    """The loaded library."""
+
+    def __init__(self, library: ctypes.CDLL):
+        pointer, size = ctypes.c_void_p, ctypes.c_int64
+        self._blocked_size = library.blocked_size
+        self._blocked_size.argtypes, self._blocked_size.restype = [size, size], size
+        self._block = library.block_weights
+        self._block.argtypes, self._block.restype = [pointer, size, size, pointer, pointer], None
+        self._matmul = library.matmul_blocked
+        self._matmul.argtypes, self._matmul.restype = [pointer, size, size, pointer, pointer, size, pointer, size], None
+
+    @staticmethod
+    def fits(in_features: int) -> bool:
+        """Whether a layer with this many inputs can use the kernel (it reads them four at a time)."""
+        return in_features % 4 == 0
+
+    def block(self, weight_t: torch.Tensor) -> BlockedWeights:
+        """weight_t (k, n) int8, as `torch._int_mm` takes it -> the kernel's blocked layout."""
+        weight_t = weight_t.contiguous()
+        k, n = weight_t.shape
+        if not self.fits(k):
+            raise ValueError(f"the VNNI kernel needs a multiple of 4 input features, not {k}")
+        blocked = torch.empty(self._blocked_size(k, n), dtype=torch.int8)
+        correction = torch.empty(n, dtype=torch.int32)
+        self._block(weight_t.data_ptr(), k, n, blocked.data_ptr(), correction.data_ptr())
+        return BlockedWeights(blocked, correction, k, n)
+
+    def matmul(self, rows: torch.Tensor, weights: BlockedWeights) -> torch.Tensor:
+        """rows (m, k) int8, contiguous -> (m, n) int32 products, equal to torch._int_mm(rows, weight_t), on torch's
+        thread count. ctypes lets go of the GIL for the call, as torch's own kernels do."""
+        m, k = rows.shape
+        if k != weights.in_features or rows.dtype != torch.int8 or not rows.is_contiguous():
+            raise ValueError(f"the VNNI kernel takes contiguous int8 rows of {weights.in_features}, "
+                             f"not {tuple(rows.shape)} {rows.dtype}")
+        out = torch.empty(m, weights.out_features, dtype=torch.int32)
+        self._matmul(rows.data_ptr(), m, k, weights.blocked.data_ptr(), weights.correction.data_ptr(),
+                     weights.out_features, out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+def _check(candidate: Kernel) -> None:
+    """Every row tail (1-6, 7-13) and column tail (16, 48, 80 columns) against the exact products."""
+    generator = torch.Generator().manual_seed(0)
+    for k, n in ((4, 16), (64, 48), (384, 80), (96, 200)):
+        weight_t = torch.randint(-128, 128, (k, n), dtype=torch.int8, generator=generator)
+        blocked = candidate.block(weight_t)
+        for m in (1, 2, 3, 4, 5, 6, 7, 13, 17, 40):
+            rows = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=generator)
+            if not torch.equal(candidate.matmul(rows, blocked), int8_reference.products(rows, weight_t)):
+                raise KernelUnavailable(f"the VNNI kernel's products differ from the exact ones at {m} x {k} x {n}")
+
+
+# The kernel, built and checked at the first call (None where it cannot run); why_not() says why not.
+kernel = FirstUse(SOURCE_NAME, Kernel, _check, "int8 products: torch._int_mm")
+why_not = kernel.why_not

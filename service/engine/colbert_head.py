@@ -1,0 +1,33 @@
+"""The ColBERT head: each `LateInteractionItem`'s kept tokens, their last hidden states through the checkpoint's
+projection, L2-normalised (what PyLate's and colbert-ai's encoders return for a query or a document). One projection
+over the kept rows of every such item of a batch; (kept tokens, dim) to the host."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from model.bert import BertForPreTraining
+from service.engine.head_copies import Collector, to_device, to_host
+from service.tasks import Item, LateInteractionItem, TokenVectors
+
+
+def launch_colbert(model: BertForPreTraining, items: list[Item], hidden: torch.Tensor, starts: list[int]
+                   ) -> Collector | None:
+    rows = [r for r, item in enumerate(items) if isinstance(item, LateInteractionItem)]
+    if not rows:
+        return None
+    if model.projection is None:
+        raise RuntimeError("a late-interaction item reached a model without a ColBERT projection")
+    kept = [items[r].kept if items[r].kept is not None else range(len(items[r])) for r in rows]
+    at = to_device([starts[r] + position for r, positions in zip(rows, kept) for position in positions],
+                         hidden.device)
+    vectors = to_host(F.normalize(model.projection(hidden[at]).float(), dim=-1))  # (sum of kept, dim)
+    counts = [len(positions) for positions in kept]
+
+    def collect(results: list) -> None:
+        values, offset = vectors.numpy(), 0
+        for row, count in zip(rows, counts):
+            results[row] = TokenVectors(values[offset : offset + count])
+            offset += count
+    return collect

@@ -1,0 +1,187 @@
+"""The threads that feed one device, shared by every model served on it, and the rule that decides whose batch runs
+next. Knows nothing of HTTP; knows of models only that each has a batcher with batches ready.
+
+One runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) takes the next prepared batch
+from the model queues it serves (`service.engine.batcher.Batcher`, one per model), computes it with that model's
+engine, and hands its results back through that queue. Where the device runs asynchronously (a GPU), a runner
+launches the next batch before it reads the last one's results, whichever models the two belong to.
+
+Whose batch runs next is fair by tokens (start-time fair queueing): each model has a virtual clock that a batch
+taken advances by its tokens over the model's weight, and the prepared batch of the model with the earliest clock
+goes first. A model that has been idle starts just ahead of the earliest clock among the busy ones, so a request to
+it waits for the batches already on the device and no more, and it cannot save up credit while idle to flood the
+device later. With one model this is the batcher of a single-model server, unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+from service.engine.threads import lower_thread_priority, name_os_thread
+from service.engine.tickets import LaunchedBatch
+
+# With a batch in flight on the device, how long the runner waits for a preparer's next batch before it reads the
+# one in flight instead: long enough for a collation (tens to hundreds of us), short next to a batch on the device.
+AHEAD_WAIT_S = 0.002
+
+
+class Batcher(Protocol):
+    """What the runners ask of a model's queue (service.engine.batcher.Batcher), under the device's lock but for
+    the computing calls, which run on a runner's thread without it."""
+
+    engine: Any
+    clock: float  # the fair share's virtual time
+    prepared: Any  # (entries, batch) ready to run, or None
+    preparer_finished: bool
+    running: int
+    progress_at: float
+
+    def has_work(self) -> bool: ...
+    def runner_may_pick(self) -> bool: ...
+    def preparing_soon(self) -> bool: ...
+    def take_prepared(self) -> tuple: ...
+    def pick_for_runner(self) -> list: ...
+    def wake_preparer(self) -> None: ...
+    def collate_own(self, chosen: list) -> Any: ...
+    def run_batch(self, chosen: list, batch: Any) -> None: ...
+    def launch(self, chosen: list, batch: Any) -> LaunchedBatch | None: ...
+    def finish(self, on_device: LaunchedBatch) -> None: ...
+
+
+class DeviceRunners:
+    """The runners of one device and the lock that every model queue on it shares (one lock, several conditions:
+    each preparer waits on its own, the runners on `batch_ready`)."""
+
+    def __init__(self, runners: int = 1, niceness: int = 0):
+        self.runners = runners
+        self.niceness = niceness
+        self.lock = threading.Lock()
+        self.batch_ready = threading.Condition(self.lock)  # the runners wait on it
+        self.queues: list[Batcher] = []
+        self.idle_runners = 0  # runners waiting with nothing on the device: a new request may go to one of them
+        self._threads: list[threading.Thread] = []
+
+    def attach(self, queue: Batcher) -> None:
+        """Serve `queue`'s batches too (before `start`)."""
+        self.queues.append(queue)
+
+    def start(self) -> None:
+        for n in range(self.runners):
+            thread = threading.Thread(target=self._run_loop, name=f"bert-runner-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def join(self, timeout: float) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return all(thread.is_alive() for thread in self._threads)
+
+    # ---- the fair choice (under the lock) ----------------------------------------------------------
+
+    def wake_clock(self, queue: Batcher) -> None:
+        """`queue` has work again after being idle: its clock starts just ahead of the busy models' earliest, so its
+        first batch goes next and the idle time earns it nothing."""
+        busy = [q.clock for q in self.queues if q is not queue and q.has_work()]
+        if busy:
+            queue.clock = max(queue.clock, min(busy) - 1.0)
+
+    def _next_prepared(self) -> Batcher | None:
+        """The model whose prepared batch goes next: the earliest clock, then the oldest entry."""
+        ready = [q for q in self.queues if q.prepared is not None]
+        if not ready:
+            return None
+        return min(ready, key=lambda q: (q.clock, q.prepared[0][0].enqueued_at))
+
+    def _may_pick(self) -> Batcher | None:
+        """A model whose queue an idle runner picks from itself (its preparer idle), the earliest clock first."""
+        open_queues = [q for q in self.queues if q.runner_may_pick()]
+        return min(open_queues, key=lambda q: q.clock) if open_queues else None
+
+    # ---- running (runner threads) ------------------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        name_os_thread()
+        lower_thread_priority(self.niceness)
+        on_device: LaunchedBatch | None = None
+        while True:
+            taken = self._take(on_device is not None)
+            if taken is None and on_device is None:
+                return
+            launched = None
+            if taken is not None:
+                queue, chosen, batch = taken
+                if batch is None:  # picked by this runner (idle): collated here
+                    batch = queue.collate_own(chosen)
+                if batch is not None:
+                    if not queue.engine.overlaps:
+                        try:
+                            queue.run_batch(chosen, batch)
+                        finally:
+                            self.release(queue)
+                        continue
+                    # The next batch goes to the device before the last one's results are read: with nothing
+                    # prepared, the one in flight is finished at once (no batch waits for company that may not come).
+                    launched = queue.launch(chosen, batch)
+                    if launched is None:
+                        self.release(queue)  # dropped, or failed (and answered) at launch
+            if on_device is not None:
+                try:
+                    on_device.queue.finish(on_device)
+                finally:
+                    self.release(on_device.queue)
+            on_device = launched
+
+    def _take(self, one_on_device: bool) -> tuple[Batcher, list, object] | None:
+        """(the model's queue, its entries, their prepared batch) to run next. With none on the device it waits until
+        some model has one or every preparer has finished (None); or, with every preparer idle, picks a model's next
+        entries itself (their batch None: the runner collates them). With a batch in flight, None at once unless a
+        preparer is about to prepare one; then up to AHEAD_WAIT_S."""
+        with self.lock:
+            if not one_on_device:
+                self.idle_runners += 1
+                try:
+                    while True:
+                        queue = self._next_prepared()
+                        if queue is not None:
+                            break
+                        if all(q.preparer_finished for q in self.queues):
+                            return None
+                        picking = self._may_pick()
+                        if picking is not None:
+                            chosen = picking.pick_for_runner()
+                            if chosen:
+                                self._wake_other_preparers(picking)
+                                return picking, chosen, None
+                            continue
+                        self.batch_ready.wait()
+                finally:
+                    self.idle_runners -= 1
+            else:
+                queue = self._next_prepared()
+                if queue is None and any(q.preparing_soon() for q in self.queues):
+                    self.batch_ready.wait(AHEAD_WAIT_S)
+                    queue = self._next_prepared()
+                if queue is None:
+                    return None
+            self._wake_other_preparers(queue)
+            return (queue, *queue.take_prepared())
+
+    def _wake_other_preparers(self, taken: Batcher) -> None:
+        """A request that came to an idle model woke a runner rather than the model's preparer (the runner would pick
+        it itself); a runner that takes another model's batch instead wakes that preparer, or the request would wait
+        for its deadline."""
+        for queue in self.queues:
+            if queue is not taken and queue.preparing_soon():
+                queue.wake_preparer()
+
+    def release(self, queue: Batcher) -> None:
+        """A batch taken from `queue` is done with (answered, failed or dropped)."""
+        with self.lock:
+            queue.running -= 1
+            queue.progress_at = time.monotonic()
+            queue.wake_preparer()

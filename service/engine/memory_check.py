@@ -1,0 +1,115 @@
+"""Whether every model of a server fits the device, checked before any is loaded: a server either serves all its
+models or does not start, and says what would not fit, with the figures.
+
+Each model's need is estimated from its weight files and its config: the weights in the precision it will compute
+in (its safetensors header gives each tensor's element count; int8 keeps the encoder's Linear weights in one byte and
+the rest in four), its activations for one batch at the token budget (the widest layer's, several at once), and on
+a GPU as much again for the CUDA graphs' memory pool. What is free: the GPU's free memory (torch.cuda.mem_get_info),
+or on a CPU what the kernel calls available, within the container's memory limit (cgroup v2).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+GIB = 2**30
+ACTIVATION_COPIES = 6  # live activation tensors of the widest size during one layer's forward pass, and headroom
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "BOOL": 1}
+
+
+@dataclass(frozen=True)
+class Need:
+    name: str
+    weight_bytes: int
+    activation_bytes: int
+
+    @property
+    def total(self) -> int:
+        return self.weight_bytes + self.activation_bytes
+
+
+def tensor_elements(directory: Path) -> dict[str, int]:
+    """Each tensor's element count from the checkpoint's safetensors headers (no weights read)."""
+    counts: dict[str, int] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        for name, info in header.items():
+            if name != "__metadata__":
+                elements = 1
+                for size in info["shape"]:
+                    elements *= size
+                counts[name] = elements
+    return counts
+
+
+def model_need(name: str, directory: Path, dtype: str, config, batch_tokens: int, on_gpu: bool) -> Need:
+    """The memory one model will take, estimated (see the module's doc). `dtype` as resolved (auto: bfloat16 on a
+    GPU, else float32: the larger of what a CPU may choose)."""
+    counts = tensor_elements(directory)
+    if dtype == "int8":
+        linear = sum(n for key, n in counts.items() if ".encoder.layer." in key and key.endswith(".weight")
+                     and "LayerNorm" not in key)
+        weights = linear + 4 * (sum(counts.values()) - linear)
+    else:
+        weights = ELEMENT_BYTES.get(dtype, 4) * sum(counts.values())
+    element = 4 if dtype in ("float32", "int8") else 2
+    widest = max(config.intermediate_size, 3 * config.hidden_size)
+    activations = ACTIVATION_COPIES * batch_tokens * widest * element
+    if on_gpu:
+        activations *= 2  # the CUDA graphs' pool beside the eager pass's
+    return Need(name, weights, activations)
+
+
+def free_memory(device) -> tuple[int, str]:
+    """(bytes free for the models, what that is) on `device` (a torch.device)."""
+    if device.type == "cuda":
+        import torch
+
+        free, total = torch.cuda.mem_get_info(device)
+        return free, f"{free / GIB:.1f} GiB free of the GPU's {total / GIB:.1f} GiB"
+    available = _meminfo_available()
+    limit = _cgroup_room()
+    if limit is not None and (available is None or limit < available):
+        return limit, f"{limit / GIB:.1f} GiB left under the container's memory limit"
+    if available is None:
+        return 1 << 62, "unknown (no /proc/meminfo)"
+    return available, f"{available / GIB:.1f} GiB available on this host"
+
+
+def check_fits(needs: list[Need], free: int, described: str) -> str | None:
+    """None if every model fits, else the reason, with the figures."""
+    total = sum(n.total for n in needs)
+    if total <= free:
+        return None
+    each = ", ".join(f"{n.name} {n.total / GIB:.2f} GiB ({n.weight_bytes / GIB:.2f} weights)" for n in needs)
+    return (f"the models would need about {total / GIB:.2f} GiB and the device has {described}: {each}; serve fewer "
+            f"or smaller models, a smaller --max-batch-tokens, or a narrower --model-setting NAME:dtype=...")
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """cgroup v2: memory.max less memory.current, None without a limit."""
+    base = Path("/sys/fs/cgroup")
+    try:
+        limit = (base / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((base / "memory.current").read_text()))
+    except (OSError, ValueError):
+        return None

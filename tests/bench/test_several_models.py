@@ -1,0 +1,28 @@
+"""bench.serving.several_models runs every row (quick form, without Infinity) and states each target's figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from devkit.paths import REPO_ROOT
+
+
+@pytest.mark.timeout(900)
+def test_every_row_runs_and_each_target_is_stated(tmp_path):
+    found = tmp_path / "several.json"
+    result = subprocess.run([sys.executable, "-m", "bench.serving.several_models", "--quick", "--skip", "infinity",
+                             "--json", str(found)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=850)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(found.read_text())
+    assert set(figures["alone_rss_mib"]) == {"embed", "bundled", "rerank"}
+    assert all(value > 100 for value in figures["alone_rss_mib"].values())  # three real servers were measured
+    together = figures["together"]
+    assert together["embed_per_s"] > 0 and together["rerank_requests"] > 0 and 0 < together["rerank_device_share"] < 1
+    assert figures["two_servers"]["embed_per_s"] > 0
+    verdicts = "\n".join(figures["verdicts"])
+    for words in ("memory:", "reranker p99 while the embedder is flooded", "embedder:", "against two servers"):
+        assert words in verdicts

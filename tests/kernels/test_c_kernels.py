@@ -1,0 +1,169 @@
+"""The C kernels (kernels/c/int8_products.c, kernels/c/attention.c): equal to torch's results (int8 products bit for
+bit, attention within float rounding), used by the model where they serve, and torch's path where they cannot
+run."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from kernels import attention, int8_layer, int8_products, int8_reference, loading
+from kernels.int8_modules import Int8Linear
+from kernels.quantize import quantize
+from model import attention as model_attention
+from model.attention import attend_on_cpu
+from model.packing import Packing
+from tests.conftest import random_model
+
+VNNI = int8_products.kernel()
+ATTENTION = attention.kernel()
+needs_vnni = pytest.mark.skipif(VNNI is None, reason=f"no VNNI kernel here: {int8_products.why_not()}")
+needs_attention = pytest.mark.skipif(ATTENTION is None, reason=f"no attention kernel here: {attention.why_not()}")
+# Inputs of about 3: float32 rounding, summed in another order than torch's
+CLOSE = dict(atol=1e-4, rtol=1e-4)
+
+
+@needs_vnni
+@pytest.mark.parametrize("k, n", [(384, 1152), (1536, 384), (64, 48), (8, 200), (96, 17)])
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 17, 34, 100])
+def test_vnni_products_equal_int_mm_bit_for_bit(m, k, n):
+    generator = torch.Generator().manual_seed(m * 7 + k + n)
+    weight_t = torch.randint(-127, 128, (k, n), dtype=torch.int8, generator=generator)
+    rows = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=generator)
+    rows[0, :4] = torch.tensor([-128, 127, -128, 127], dtype=torch.int8)  # the extremes of both signs
+    padded = torch.cat([rows, rows.new_zeros(max(0, 17 - m), k)])
+    got = VNNI.matmul(rows, VNNI.block(weight_t))
+    assert got.shape == (m, n) and got.dtype == torch.int32
+    assert torch.equal(got, torch._int_mm(padded, weight_t)[:m])
+
+
+@needs_vnni
+def test_vnni_refuses_what_it_cannot_compute():
+    blocked = VNNI.block(torch.ones(8, 16, dtype=torch.int8))
+    with pytest.raises(ValueError, match="contiguous int8 rows of 8"):
+        VNNI.matmul(torch.ones(3, 12, dtype=torch.int8), blocked)
+    with pytest.raises(ValueError, match="contiguous int8 rows"):
+        VNNI.matmul(torch.ones(8, 3, dtype=torch.int8).t(), blocked)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        VNNI.block(torch.ones(6, 16, dtype=torch.int8))
+
+
+@needs_vnni
+def test_int8_model_gives_the_same_embeddings_with_and_without_the_vnni_kernel(tokenizer, monkeypatch):
+    monkeypatch.setattr(int8_layer, "kernel", lambda: None)  # the layers' modules, each product through the kernel
+    model = quantize(random_model(tokenizer.vocab_size), "per-token")
+    layers = [module for module in model.modules() if isinstance(module, Int8Linear)]
+    assert layers and all(layer.vnni is VNNI for layer in layers)
+    lengths = [3, 20, 9]
+    ids = torch.randint(5, tokenizer.vocab_size, (sum(lengths),), generator=torch.Generator().manual_seed(1))
+    packing = Packing.from_lengths(lengths)
+    with torch.inference_mode():
+        with_kernel, _ = model.encode_packed(ids, torch.zeros_like(ids), packing, for_heads=False)
+        for layer in layers:
+            layer.vnni = layer.blocked = None
+        without, _ = model.encode_packed(ids, torch.zeros_like(ids), packing, for_heads=False)
+    assert torch.equal(with_kernel, without)  # the integer products are equal, and all else is the same code
+
+
+@contextmanager
+def torch_threads(count: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_vnni
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("m, k, n", [(1, 384, 1152), (34, 384, 384), (100, 64, 80), (13, 96, 17), (7, 1536, 384)])
+def test_vnni_products_on_several_threads_equal_one_thread(threads, m, k, n):
+    """Each thread takes a run of column blocks, and each block's row tiles too where threads outnumber blocks
+    (8 threads over 80 columns: 2 blocks of 17 row tiles)."""
+    generator = torch.Generator().manual_seed(m + k + n)
+    blocked = VNNI.block(torch.randint(-127, 128, (k, n), dtype=torch.int8, generator=generator))
+    rows = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=generator)
+    with torch_threads(1):
+        alone = VNNI.matmul(rows, blocked)
+    with torch_threads(threads):
+        assert torch.equal(VNNI.matmul(rows, blocked), alone)
+
+
+@pytest.mark.skipif(VNNI is None and ATTENTION is None, reason="no C kernel here")
+def test_the_kernels_share_torchs_openmp_runtime():
+    """Two OpenMP thread pools on the same cores would spin against each other: the kernels' libgomp must be the
+    one torch loaded."""
+    assert len(loading.openmp_runtimes()) == 1, loading.openmp_runtimes()
+
+
+def packed_qkv(lengths: list[int], heads: int, head_dim: int, seed: int = 0) -> tuple[torch.Tensor, Packing]:
+    qkv = torch.randn(sum(lengths), 3 * heads * head_dim, generator=torch.Generator().manual_seed(seed)) * 3
+    return qkv, Packing.from_lengths(lengths)
+
+
+@needs_attention
+@pytest.mark.parametrize("heads, head_dim, lengths", [
+    (12, 32, [34]), (4, 16, [1]), (4, 16, [1, 2, 15, 16, 17, 33]), (2, 64, [96, 5]), (12, 32, [40, 40, 40]),
+])
+def test_attention_kernel_matches_sdpa_sequence_by_sequence(heads, head_dim, lengths):
+    qkv, packing = packed_qkv(lengths, heads, head_dim)
+    out = torch.full((qkv.shape[0], heads * head_dim), float("nan"))
+    ATTENTION.attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, out)
+    torch.testing.assert_close(out, int8_reference.sdpa_each(qkv, packing.spans, heads, head_dim), **CLOSE)
+
+
+@needs_attention
+@pytest.mark.parametrize("threads", [2, 5])
+def test_attention_kernel_on_several_threads_equals_one_thread(threads):
+    """The threads split (sequence, head) pairs, each with scratch of its own: 3 sequences x 4 heads."""
+    heads, head_dim = 4, 16
+    qkv, packing = packed_qkv([30, 1, 17], heads, head_dim, seed=5)
+    alone, together = (torch.full((qkv.shape[0], heads * head_dim), float("nan")) for _ in range(2))
+    with torch_threads(1):
+        ATTENTION.attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, alone)
+    with torch_threads(threads):
+        ATTENTION.attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, together)
+    assert torch.equal(together, alone)
+
+
+@needs_attention
+def test_attend_on_cpu_mixes_the_kernel_for_short_sequences_with_torch_for_long_ones():
+    heads, head_dim = 4, 16
+    lengths = [attention.MAX_LENGTH + 30, 7, 3, attention.MAX_LENGTH + 1, 50]
+    qkv, packing = packed_qkv(lengths, heads, head_dim, seed=3)
+    got = attend_on_cpu(qkv, packing, heads, head_dim)
+    assert got is not None  # mixed lengths: one call per sequence beats the padded call
+    torch.testing.assert_close(got, int8_reference.sdpa_each(qkv, packing.spans, heads, head_dim), **CLOSE)
+    # bfloat16 in, bfloat16 out (computed in float32)
+    half = attend_on_cpu(qkv.bfloat16(), packing, heads, head_dim)
+    assert half.dtype == torch.bfloat16
+
+
+@needs_attention
+def test_attention_kernel_is_not_used_when_gradients_are_asked_for(monkeypatch):
+    heads, head_dim = 4, 16
+    qkv, packing = packed_qkv([5, 90, 9], heads, head_dim)
+
+    def no_call(*args):
+        raise AssertionError("the kernel has no backward")
+
+    monkeypatch.setattr(ATTENTION, "attend", no_call)
+    got = attend_on_cpu(qkv.requires_grad_(True), packing, heads, head_dim)
+    assert got is not None and got.grad_fn is not None  # torch's attention, one call per sequence
+
+
+def test_without_the_kernels_the_int8_model_still_runs_through_torch(monkeypatch, tokenizer):
+    """What a machine without the CPU features or a compiler gets: torch's products and attention, same results."""
+    monkeypatch.setattr(int8_products, "kernel", lambda: None)
+    monkeypatch.setattr(int8_layer, "kernel", lambda: None)
+    model_attention.use_cpu_kernel(None)  # the conftest's fixture installs it again for the next test
+    model = quantize(random_model(tokenizer.vocab_size), "per-token")
+    assert all(layer.vnni is None for layer in model.modules() if isinstance(layer, Int8Linear))
+    assert not any(isinstance(layer, int8_layer.Int8FusedLayer) for layer in model.bert.encoder.layer)
+    ids = torch.randint(5, tokenizer.vocab_size, (12,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        out, _ = model.encode_packed(ids, torch.zeros_like(ids), Packing.from_lengths([12]), for_heads=False)
+    assert out.shape == (12, model.config.hidden_size) and torch.isfinite(out).all()
