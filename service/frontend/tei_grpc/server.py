@@ -114,9 +114,11 @@ class GrpcFrontEnd:
             ready = True
         except ServiceError:
             ready = False
-        door = self.runtime.frontdoor
+        model = self.runtime.default_model  # TEI's API has no model field: it serves the default model
+        door = model.frontdoor
         can = {"tei.v1.Predict": door is not None and door.num_labels > 0,
-               "tei.v1.Rerank": door is not None and door.num_labels == 1 and door.classifier_pairs}
+               "tei.v1.Rerank": door is not None and (model.colbert is not None
+                                                      or door.num_labels == 1 and door.classifier_pairs)}
         for service in ("", *SERVICES):
             status = serving if ready and can.get(service, True) else not_serving
             if self._statuses.get(service) != status:
@@ -173,15 +175,15 @@ class GrpcFrontEnd:
         if request:
             counted = self._counters.get((rpc.path, code))
             if counted is None:  # labelled once per method and code, not per message
-                metrics = self.runtime.metrics
-                counted = self._counters[(rpc.path, code)] = (metrics.requests.labels(rpc.path, code.name),
-                                                              metrics.request_seconds.labels(rpc.path))
+                metrics, model = self.runtime.metrics, self.runtime.default  # gRPC serves the default model
+                counted = self._counters[(rpc.path, code)] = (metrics.requests.labels(rpc.path, code.name, model),
+                                                              metrics.request_seconds.labels(rpc.path, model))
             counted[0].inc()
             counted[1].observe(time.monotonic() - record.received)
             if code is not grpc.StatusCode.CANCELLED:
                 self.runtime.requests.answered += 1
         if kind is not None:
-            self.runtime.metrics.failures.labels(rpc.path, kind).inc()
+            self.runtime.metrics.failures.labels(rpc.path, kind, self.runtime.default).inc()
         if record.trace is None and not self.settings.log_requests:
             return  # nothing more is kept of it
         record.finish(self.tracing, name, code.name, code in SERVER_FAULTS, {

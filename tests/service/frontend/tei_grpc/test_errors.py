@@ -60,9 +60,9 @@ async def test_bad_messages_get_teis_codes_with_a_message_and_lose_nothing(tei, 
         # Nothing was lost: the server answers as before.
         assert len((await call.embed.Embed(tei.pb.EmbedRequest(inputs="a river"))).embeddings) == 64
         metrics = (await server.http.get("/metrics")).text
-    assert 'bert_requests_total{route="/tei.v1.Embed/Embed",status="INVALID_ARGUMENT"} 9.0' in metrics
-    assert 'bert_request_failures_total{error_type="validation",route="/tei.v1.Embed/Embed"}' in metrics
-    assert 'bert_requests_total{route="/tei.v1.Embed/Embed",status="OK"} 2.0' in metrics
+    assert 'bert_requests_total{model="tiny",route="/tei.v1.Embed/Embed",status="INVALID_ARGUMENT"} 9.0' in metrics
+    assert 'bert_request_failures_total{error_type="validation",model="tiny",route="/tei.v1.Embed/Embed"}' in metrics
+    assert 'bert_requests_total{model="tiny",route="/tei.v1.Embed/Embed",status="OK"} 2.0' in metrics
 
 
 async def test_a_stream_answers_every_message_before_a_bad_one_then_ends_with_its_code(tei, tiny_checkpoint):
@@ -164,7 +164,7 @@ async def test_the_clients_deadline_is_the_requests_and_what_it_queued_is_droppe
     # The late input never reached the device: dropped from the queue (its call ended), not computed.
     dropped = [line for line in metrics.splitlines() if line.startswith("bert_items_dropped_total")]
     assert sum(float(line.split()[-1]) for line in dropped) == 1.0, dropped
-    assert "bert_items_computed_total 1.0" in metrics
+    assert 'bert_items_computed_total{model="tiny"} 1.0' in metrics
 
 
 async def test_a_cancelled_stream_drops_its_queued_inputs_and_frees_its_slots(tei, tiny_checkpoint):
@@ -176,7 +176,7 @@ async def test_a_cancelled_stream_drops_its_queued_inputs_and_frees_its_slots(te
         reading = asyncio.ensure_future(stream.read())
         assert await asyncio.to_thread(engine.entered.wait, 10)
         await asyncio.sleep(0.3)
-        assert server.runtime.link.loaded.batcher.queue_depth >= 5  # the window's messages wait in the queue
+        assert server.runtime.link.models.batcher("").queue_depth >= 5  # the window's messages wait in the queue
         stream.cancel()
         with pytest.raises(asyncio.CancelledError):
             await reading
@@ -191,7 +191,7 @@ async def test_a_cancelled_stream_drops_its_queued_inputs_and_frees_its_slots(te
     computed = next(float(line.split()[-1]) for line in metrics.splitlines()
                     if line.startswith("bert_items_computed_total"))
     assert computed <= 3, computed  # the one on the device, perhaps one prepared, and the HTTP request after
-    assert 'bert_items_dropped_total{reason="disconnected"}' in metrics
+    assert 'bert_items_dropped_total{model="tiny",reason="disconnected"}' in metrics
 
 
 async def test_a_stream_that_sends_nothing_ends_after_keep_alive(tei, tiny_checkpoint):
