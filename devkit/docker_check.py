@@ -4,6 +4,9 @@
    each equals its lock.
 2. `docker compose -f docker-compose.yml -f docker-compose.cpu.yml up`: healthy, and /encode, /fill-mask,
    /nsp answer; then `docker stop` under load: exit 0, and the server answered every request it accepted.
+   The same compose file with two models (BERT_CHECKPOINT naming both, BERT_MODEL_SETTING one's own root task):
+   /v1/models lists both, the OpenAI `model` field and /models/NAME/... reach each, and /info says each one's
+   settings; `--models-only` builds the CPU image and runs this part alone.
 3. The scale profile with 3 replicas behind nginx: `--scale api-replica=4` and the new replica gets traffic;
    then the fault drills under load (devkit/fault_drills.py: graceful stop, kill -9, scale 3 -> 4 -> 3,
    balancer reloads; then with BERT_WORKERS=2 graceful stop, kill -9 of a front-end process and of the engine
@@ -16,7 +19,7 @@
 Right after the build: the CPU image's C kernels, loaded from where its build stage put them (the image has no
 compiler), under the chart's pod security; `--image-only` stops there.
 
-    python -m devkit.docker_check [--cuda] [--image-only | --corpus-only] [--drills 3] [--build-arg NAME=VALUE ...]
+    python -m devkit.docker_check [--cuda] [--image-only | --corpus-only | --models-only] [--drills 3] [--build-arg NAME=VALUE ...]
 
 Build arguments pass through to `docker build` (on machines whose package index is not PyPI:
 PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_TRUSTED_HOST, TORCH_CPU_INDEX).
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
@@ -130,6 +134,44 @@ def compose_single() -> dict:
         sh(*CPU_COMPOSE, "down", "-v")
 
 
+# Two models from what the image ships: the bundled model as the embedder (the default) and again as a fill-mask
+# model in float32 (its own root task and precision), as a deployment of an embedder and a reranker would set them.
+TWO_MODELS = {"BERT_CHECKPOINT": "embed=/app/checkpoints/minilm-wikipedia,mlm=/app/checkpoints/minilm-wikipedia",
+              "BERT_MODEL_SETTING": "mlm:root_task=fill-mask,mlm:dtype=float32"}
+
+
+def compose_two_models() -> dict:
+    url = "http://127.0.0.1:8000"
+    env = {**os.environ, **TWO_MODELS}
+    subprocess.run([*CPU_COMPOSE, "up", "-d"], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    try:
+        result = {"healthy_after_s": round(wait_healthy(url), 1)}
+        with httpx.Client(base_url=url, timeout=60) as client:
+            listed = client.get("/v1/models").json()
+            by_field = client.post("/v1/embeddings", json={"model": "mlm", "input": "a crane is flying"})
+            default = client.post("/v1/embeddings", json={"input": "a crane is flying"})
+            prefixed = client.post("/models/mlm/encode", json={"inputs": "a crane is flying", "pooling": "mean"})
+            root = client.post("/models/mlm", json={"inputs": "the capital of france is [MASK] ."})
+            unknown = client.post("/v1/embeddings", json={"model": "nope", "input": "a crane"})
+            info = client.get("/info").json()
+        result.update({
+            "models_listed": [m["id"] for m in listed["data"]],
+            "embeddings_by_model_field": by_field.status_code, "embeddings_default": default.status_code,
+            "prefixed_encode": prefixed.status_code, "prefixed_root_task": root.status_code,
+            "root_task_answer_is_fill_mask": root.status_code == 200 and "token_str" in root.text,
+            "unknown_model": unknown.status_code,
+            "info_models": {m["name"]: {"dtype": m.get("dtype"), "root_task": m.get("root_task")}
+                            for m in info.get("models", [])}})
+        ok = (result["models_listed"] == ["embed", "mlm"]
+              and {by_field.status_code, default.status_code, prefixed.status_code, root.status_code} == {200}
+              and result["root_task_answer_is_fill_mask"] and unknown.status_code == 404
+              and result["info_models"].get("mlm", {}).get("dtype") == "float32")
+        result["ok"] = ok
+        return result
+    finally:
+        subprocess.run([*CPU_COMPOSE, "down", "-v"], cwd=REPO_ROOT, env=env, capture_output=True)
+
+
 def compose_scale() -> dict:
     url = "http://127.0.0.1:8080"
     scale = [*CPU_COMPOSE, "--profile", "scale"]
@@ -188,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drills", type=int, default=3, help="times each fault drill is repeated")
     parser.add_argument("--corpus-only", action="store_true",
                         help="build the CPU image and its Ray variant, and run the corpus drill only")
+    parser.add_argument("--models-only", action="store_true",
+                        help="build the CPU image and run compose with two models only")
     parser.add_argument("--image-only", action="store_true", help="build the images and check their kernels only")
     args = parser.parse_args(argv)
     if args.corpus_only:
@@ -196,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=1))
         ok = all(i["freeze_equals_lock"] for i in report["images"]) and report["corpus"]["ok"]
         print("test-docker (corpus):", "passed" if ok else "FAILED")
+        return 0 if ok else 1
+    if args.models_only:
+        report = {"images": [build("cpu", args.build_arg)], "compose_two_models": compose_two_models()}
+        print(json.dumps(report, indent=1))
+        ok = report["images"][0]["freeze_equals_lock"] and report["compose_two_models"]["ok"]
+        print("test-docker (two models):", "passed" if ok else "FAILED")
         return 0 if ok else 1
     report = {"images": [build("cpu", args.build_arg), build("cpu-ray", args.build_arg)]
               + ([build("cuda", args.build_arg)] if args.cuda else [])}
@@ -206,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         print("test-docker (images):", "passed" if ok else "FAILED")
         return 0 if ok else 1
     report["compose_cpu"] = compose_single()
+    report["compose_two_models_cpu"] = compose_two_models()
     report["compose_scale_cpu"] = compose_scale()
     drills = fault_drills.run_drills(args.drills)
     report["fault_drills"] = [vars(d) for d in drills]
@@ -222,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
           and single["docker_health"] == "healthy" and stop["exit_code"] == 0 and answered and answered[0] == answered[1]
           and fault_drills.passed(drills)
           and all(n > 0 for n in report["compose_scale_cpu"]["scaled_to_4"]["requests_served_by_new"])
+          and report["compose_two_models_cpu"]["ok"]
           and "api" not in report["compose_scale_cpu"]["services"] and report["corpus"]["ok"])
     print("test-docker:", "passed" if ok else "FAILED")
     return 0 if ok else 1

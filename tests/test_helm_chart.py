@@ -60,6 +60,11 @@ RENDERS = {  # name: values files and --set flags; together they reach every tem
                 "--set", "model.hub.revision=v1.0", "--set", "model.hub.tokenSecret=hf-token"],
     "gpu-hub-offline": ["-f", f"{CHART}/values-gpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
                         "--set", "model.hub.cache.claimName=hf-cache", "--set", "model.hub.offline=true"],
+    "cpu-hub-models": ["-f", f"{CHART}/values-cpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
+                       "--set", "model.hub.revision=v1.0", "--set", "model.name=embed", "--set-json",
+                       'models=[{"name": "rerank", "checkpoint": "BAAI/bge-reranker-base@main", "dtype": "float32", '
+                       '"weight": 2}, {"name": "mlm", "checkpoint": "/app/checkpoints/minilm-wikipedia", '
+                       '"rootTask": "fill-mask"}]'],
     "cpu-corpus-s3": ["-f", f"{CHART}/values-cpu.yaml", "--set", "corpus.enabled=true",
                       "--set", "corpus.input=s3://docs/in/", "--set", "corpus.output=s3://docs/vectors",
                       "--set", "corpus.s3.endpoint=http://minio.storage:9000", "--set", "corpus.s3.credentialsSecret=s3",
@@ -260,6 +265,24 @@ def test_model_from_the_hub_is_fetched_by_an_init_container_and_served_offline(r
     assert find(docs, "NetworkPolicy")["spec"]["egress"] == []
 
 
+def test_several_models_reach_the_server_as_its_settings_and_their_hub_ids_the_init_container(rendered):
+    from service.settings import Settings
+
+    pod = find(rendered["cpu-hub-models"][1], "Deployment")["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["args"] == ["python", "-m", "model.hub", f"{HUB_ID}@v1.0",
+                                                "BAAI/bge-reranker-base@main"]  # the path needs no fetching
+    env = env_of(pod["containers"][0])
+    # what the service makes of the pod's environment: three models, the first the default, each with its own
+    settings = Settings(checkpoint=env["BERT_CHECKPOINT"], model_setting=env["BERT_MODEL_SETTING"])
+    models = {spec.name: spec for spec in settings.models()}
+    assert list(models) == ["embed", "rerank", "mlm"]
+    assert models["embed"].checkpoint == f"{HUB_ID}@v1.0" and models["mlm"].root_task == "fill-mask"
+    assert models["rerank"].dtype == "float32" and models["rerank"].weight == 2.0 and models["embed"].weight == 1.0
+    # one model, unnamed: the variable is the plain path or id, as before
+    assert env_of(api_container(rendered["cpu-hub"][1]))["BERT_CHECKPOINT"] == f"{HUB_ID}@v1.0"
+    assert "BERT_MODEL_SETTING" not in env_of(api_container(rendered["cpu"][1]))
+
+
 def test_distributed_training_is_an_indexed_torchrun_job(rendered):
     docs = rendered["gpu"][1]
     job = find(docs, "Job", "train-dist")
@@ -345,6 +368,11 @@ def test_the_corpus_job_retries_what_a_retry_can_fix_and_no_api_selector_counts_
     (["--set", "model.source=hub", "--set", "model.hub.id=BAAI/bge-small-en-v1.5", "--set", "model.hub.offline=true"],
      "model.hub.offline"),
     (["--set", "model.source="], "model.source"),
+    (["--set-json", 'models=[{"name": "a b", "checkpoint": "/m"}]'], "models[0].name"),
+    (["--set", "model.name=x", "--set-json", 'models=[{"name": "x", "checkpoint": "/m"}]'], "models[0].name"),
+    (["--set-json", 'models=[{"name": "x"}]'], "models[0].checkpoint"),
+    (["--set-json", 'models=[{"name": "x", "checkpoint": "BAAI/bge-reranker-base"}]'], "models[0].checkpoint"),
+    (["--set-json", 'models=[{"name": "x", "checkpoint": "/m", "precision": "int8"}]'], "models[0].precision"),
     (["--set", "variant=tpu"], "variant"),
     (["--set", "apiKey.create=true"], "apiKey.value"),
     (["--set", "apiKey.value=short", "--set", "apiKey.create=true"], "apiKey.value"),

@@ -41,6 +41,37 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- else -}}{{ .Values.model.bundled.path }}{{- end -}}
 {{- end -}}
 
+{{/* BERT_CHECKPOINT: the default model (named when model.name is set), then each of .Values.models, as a JSON
+list of NAME=SOURCE (the service reads a JSON list; a path may hold a comma). */}}
+{{- define "bert.checkpoints" -}}
+{{- $default := include "bert.checkpointPath" . -}}
+{{- if not .Values.models -}}
+{{- if and .Values.model.name $default -}}{{ printf "%s=%s" .Values.model.name $default }}{{- else -}}{{ $default }}{{- end -}}
+{{- else -}}
+{{- $first := $default | default "/app/checkpoints/minilm-wikipedia" -}}
+{{- $all := list (ternary (printf "%s=%s" .Values.model.name $first) $first (ne .Values.model.name "")) -}}
+{{- range .Values.models -}}{{- $all = append $all (printf "%s=%s" .name .checkpoint) -}}{{- end -}}
+{{- toJson $all -}}
+{{- end -}}
+{{- end -}}
+
+{{/* BERT_MODEL_SETTING: each of .Values.models' own settings, as a JSON list of NAME:KEY=VALUE ("" when none). */}}
+{{- define "bert.modelSettings" -}}
+{{- $keys := dict "dtype" "dtype" "rootTask" "root_task" "classifierPairs" "classifier_pairs" "weight" "weight" "maxQueueItems" "max_queue_items" -}}
+{{- $all := list -}}
+{{- range $m := .Values.models -}}
+{{- range $key := list "dtype" "rootTask" "classifierPairs" "weight" "maxQueueItems" -}}
+{{- if hasKey $m $key -}}{{- $all = append $all (printf "%s:%s=%v" $m.name (get $keys $key) (get $m $key)) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $all -}}{{ toJson $all }}{{- end -}}
+{{- end -}}
+
+{{/* The Hub ids among .Values.models (fetched by the hub init container with model.hub.id). */}}
+{{- define "bert.extraHubSpecs" -}}
+{{- range .Values.models -}}{{- if not (hasPrefix "/" .checkpoint) -}}{{ printf " %s" .checkpoint }}{{- end -}}{{- end -}}
+{{- end -}}
+
 {{- define "bert.modelClaim" -}}
 {{ .Values.model.pvc.claimName | default (printf "%s-models" (include "bert.fullname" .)) }}
 {{- end -}}

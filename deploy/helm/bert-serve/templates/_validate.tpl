@@ -31,6 +31,28 @@ at `helm template` / `helm install` time rather than as a pod that never schedul
 {{- if and $v.server.grpc.enabled (eq ($v.server.grpc.port | int) ($v.server.port | int)) -}}
 {{- fail (printf "server.grpc.port: %d is server.port too; HTTP and gRPC each need their own port" ($v.server.grpc.port | int)) -}}
 {{- end -}}
+{{- $names := list -}}
+{{- with $v.model.name -}}{{- $names = append $names . -}}{{- end -}}
+{{- range $i, $m := $v.models -}}
+{{- if not (regexMatch "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$" (toString $m.name)) -}}
+{{- fail (printf "models[%d].name: %q is not a model name (letters, digits, '.', '_' or '-', starting with a letter or digit, at most 64; it appears in /models/NAME/...)" $i (toString $m.name)) -}}
+{{- end -}}
+{{- if has $m.name $names -}}
+{{- fail (printf "models[%d].name: %q names two models (model.name and each models[].name must differ)" $i $m.name) -}}
+{{- end -}}
+{{- $names = append $names $m.name -}}
+{{- if not $m.checkpoint -}}
+{{- fail (printf "models[%d].checkpoint: model %q has no checkpoint (a path the pod sees, or a Hub id with model.source hub)" $i $m.name) -}}
+{{- end -}}
+{{- if and (not (hasPrefix "/" (toString $m.checkpoint))) (ne $v.model.source "hub") -}}
+{{- fail (printf "models[%d].checkpoint: %q is not an absolute path, and Hub ids are fetched only with model.source hub (the pod reads the Hub cache offline)" $i (toString $m.checkpoint)) -}}
+{{- end -}}
+{{- range $key := keys $m -}}
+{{- if not (has $key (list "name" "checkpoint" "dtype" "rootTask" "classifierPairs" "weight" "maxQueueItems")) -}}
+{{- fail (printf "models[%d].%s: not a per-model setting (name, checkpoint, dtype, rootTask, classifierPairs, weight, maxQueueItems)" $i $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if not (has $v.model.source (list "bundled" "pvc" "init" "hub")) -}}
 {{- fail (printf "model.source: must be bundled, pvc, init or hub, not %q" (toString $v.model.source)) -}}
 {{- end -}}
