@@ -13,7 +13,8 @@ import argparse
 import logging
 import sys
 
-from corpus.settings import DEFAULT_MAX_BATCH_TOKENS, DTYPES, FORMATS, JobSettings, SettingsError
+from corpus.settings import (DEFAULT_LONG_INPUT_OVERLAP, DEFAULT_MAX_BATCH_TOKENS, DTYPES, FORMATS, LONG_INPUTS,
+                             MULTI_VECTOR_MODES, JobSettings, SettingsError)
 from service.settings import DEFAULT_CHECKPOINT
 
 RAY_MISSING = "--ray and --ray-address need Ray, an optional extra: pip install -r requirements/ray.txt"
@@ -51,9 +52,23 @@ def parser() -> argparse.ArgumentParser:
                        help="split each document into chunks of N word pieces, one output row per chunk")
     model.add_argument("--chunk-overlap", type=int, default=0, metavar="M",
                        help="word pieces consecutive chunks share (with --chunk-tokens)")
+    model.add_argument("--long-input", choices=LONG_INPUTS, default="refuse",
+                       help="a document longer than the model: a bad row (refuse, the default), or read whole in "
+                            "windows of the model's length, pooled into its one vector (chunk: as the service's "
+                            "long_input: chunk; docs/long-inputs.md)")
+    model.add_argument("--long-input-overlap", type=int, default=DEFAULT_LONG_INPUT_OVERLAP, metavar="M",
+                       help="word pieces consecutive windows share under --long-input chunk (default: "
+                            f"{DEFAULT_LONG_INPUT_OVERLAP}, the service's; at most half a window)")
+    model.add_argument("--multi-vector", action="store_true",
+                       help="a ColBERT checkpoint's token vectors, a list of vectors per row, as the service's "
+                            "/token-vectors gives them (docs/late-interaction.md)")
+    model.add_argument("--multi-vector-mode", choices=MULTI_VECTOR_MODES,
+                       help="with --multi-vector: read each text as a document (the default: [D] marker, "
+                            "skiplist) or as a query ([Q] marker, [MASK] expansion to the query length)")
     out = p.add_argument_group("output")
     out.add_argument("--output-precision", choices=("float32", "float16"), default="float32",
-                     help="the embedding column's type (float16: half the disk)")
+                     help="the embedding column's type (float16: half the disk; each of a --multi-vector row's "
+                          "vectors too)")
     out.add_argument("--rows-per-shard", type=int, default=10_000,
                      help="input rows per shard: the unit of resume (default: 10000)")
     out.add_argument("--on-error", choices=("stop", "skip"), default="stop",
@@ -72,6 +87,8 @@ def settings_from(args: argparse.Namespace) -> JobSettings:
                        id_column=args.id_column, format=args.format, pooling=args.pooling, normalize=args.normalize,
                        dimensions=args.dimensions, dtype=args.dtype, truncate=args.truncate,
                        chunk_tokens=args.chunk_tokens, chunk_overlap=args.chunk_overlap,
+                       long_input=args.long_input, long_input_overlap=args.long_input_overlap,
+                       multi_vector=args.multi_vector, multi_vector_mode=args.multi_vector_mode,
                        rows_per_shard=args.rows_per_shard, output_precision=args.output_precision,
                        on_error=args.on_error, max_batch_tokens=args.max_batch_tokens, ray=args.ray,
                        ray_address=args.ray_address, actors=args.actors)

@@ -5,7 +5,9 @@ the checkpoint from a directory or the Hub, the precision for this host, the CPU
 width, CUDA graphs on a GPU) and runs its batches through the service's own `Batcher` (`service.engine.in_order`):
 similar lengths together under the token budget, one batch per runner on a CPU's halves, the next batch launched
 before the last is read on a GPU. Each vector is what /embed answers for the same text: the engine's pooling and
-normalization, then `dimensions` cut and normalized again (`model.pooling.shorten`, as the service does).
+normalization, then `dimensions` cut and normalized again (`model.pooling.shorten`, as the service does); a long
+input under --long-input chunk is /embed's with `"long_input": "chunk"` (corpus.long_inputs), and a --multi-vector
+row's vectors are /token-vectors' (corpus.multi_vector).
 """
 
 from __future__ import annotations
@@ -87,15 +89,24 @@ class Embedder:
         from service.engine.loader import StartupError, start_engine
         from service.metrics import Metrics
 
+        from corpus.tokens import token_rule
+        from service.frontend.long_inputs import window_length
+
         self.source = source or resolve_source(settings)
         files = load_checkpoint_files(self.source.path)  # what the checks below need, before the weights load
         self.tokenizer = files.tokenizer
         self.width = files.config.hidden_size
         check_against_model(settings, files)
-        self.dimensions = settings.dimensions or self.width
+        self.rule = token_rule(settings, files)  # how the reader stage tokenizes for this engine
+        self.multi_vector = settings.multi_vector
+        # a row's vectors' width: the ColBERT's projection's, or the pooled vector's after --dimensions
+        self.dimensions = files.late_interaction.dim if self.multi_vector else settings.dimensions or self.width
         self.normalize = settings.normalize
         self.pooling = settings.pooling or files.pooling.mode  # /embed pools as the checkpoint's recipe says
-        self.prompt = dict(files.pooling.prompts).get(files.pooling.default_prompt_name, "")  # /embed's default
+        self.prompt = self.rule.prompt  # /embed's default prompt
+        self.long_input = settings.long_input
+        self.long_input_window = window_length(files.tokenizer, files.pooling)  # as the service's front door's
+        self.long_input_overlap = settings.long_input_overlap
         try:
             self.started = start_engine(settings.engine_options(str(self.source.path)))
         except StartupError as exc:
@@ -108,31 +119,51 @@ class Embedder:
     def model_identity(self) -> dict:
         return checkpoint_identity(self.source)
 
-    def embed(self, token_ids: list[list[int]], on_batch: BatchDone | None = None) -> np.ndarray:
-        """(len(token_ids), dimensions) float32 vectors, in input order. Each entry is a sequence with its
-        [CLS]/[SEP], at most the model's length. `on_batch` hears of the inputs as they are computed."""
+    def embed(self, token_ids: list[list[int]], on_batch: BatchDone | None = None) -> np.ndarray | list[np.ndarray]:
+        """(len(token_ids), dimensions) float32 vectors, in input order; under --multi-vector a (vectors, dimensions)
+        array per entry instead (corpus.multi_vector). Each entry is a sequence with its [CLS]/[SEP], at most the
+        model's length unless --long-input chunk (corpus.long_inputs). `on_batch` hears of the sequences (a long
+        input's windows each) as they are computed."""
         from model.matryoshka import shorten
-        from service.engine.in_order import ItemsFailed, compute_in_order
         from service.tasks import EncodeItem
 
+        if self.multi_vector:
+            from corpus.multi_vector import token_vectors
+
+            return token_vectors(self, token_ids, on_batch)
         if not token_ids:
             return np.empty((0, self.dimensions), dtype=np.float32)
         shortened = self.dimensions < self.width
         normalize_in_engine = self.normalize and not shortened
-        # Shortest first: each batch then holds like lengths, as the service's batcher would pick from a long queue.
-        order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
-        items = [EncodeItem(token_ids[i], [0] * len(token_ids[i]), pooling=self.pooling,
-                            normalize=normalize_in_engine) for i in order]
-        heard = None if on_batch is None else (lambda done: on_batch(len(done), sum(len(i) for i in done)))
-        try:
-            results = compute_in_order(self.batcher, items, on_returned=heard)
-        except ItemsFailed as exc:
-            raise RuntimeError(f"the engine failed on a batch of this job: {exc}") from None
-        vectors = np.empty((len(token_ids), self.width), dtype=np.float32)
-        vectors[order] = np.stack([result.vector for result in results])
+        if self.long_input == "chunk":
+            from corpus.long_inputs import pooled_vectors
+
+            vectors = pooled_vectors(self, token_ids, normalize_in_engine, on_batch)
+        else:
+            items = [EncodeItem(ids, [0] * len(ids), pooling=self.pooling, normalize=normalize_in_engine)
+                     for ids in token_ids]
+            vectors = np.stack([result.vector for result in self.compute(items, on_batch)])
         if shortened:
             vectors = shorten(vectors, self.dimensions, self.normalize)
         return vectors
+
+    def compute(self, items: list, on_batch: BatchDone | None = None) -> list:
+        """Each engine item's result (service.tasks), in the items' order."""
+        from service.engine.in_order import ItemsFailed, compute_in_order
+
+        if not items:
+            return []
+        # Shortest first: each batch then holds like lengths, as the service's batcher would pick from a long queue.
+        order = sorted(range(len(items)), key=lambda i: len(items[i]))
+        heard = None if on_batch is None else (lambda done: on_batch(len(done), sum(len(i) for i in done)))
+        try:
+            ordered = compute_in_order(self.batcher, [items[i] for i in order], on_returned=heard)
+        except ItemsFailed as exc:
+            raise RuntimeError(f"the engine failed on a batch of this job: {exc}") from None
+        results: list = [None] * len(items)
+        for position, result in zip(order, ordered):
+            results[position] = result
+        return results
 
     def close(self) -> None:
         self.batcher.stop()
@@ -141,6 +172,9 @@ class Embedder:
 def check_against_model(settings: JobSettings, files) -> None:
     """The options whose limits are the model's: refused here, before the engine starts or anything is written."""
     width, longest = files.config.hidden_size, files.tokenizer.model_max_length
+    if settings.multi_vector and files.late_interaction is None:
+        raise SettingsError(f"--multi-vector needs a ColBERT checkpoint (PyLate's or colbert-ai's format: "
+                            f"docs/late-interaction.md); {settings.checkpoint} has no ColBERT projection or settings")
     if settings.dimensions is not None and settings.dimensions > width:
         raise SettingsError(f"--dimensions must be between 1 and this model's width {width}, got {settings.dimensions}")
     if settings.max_batch_tokens < longest:

@@ -194,8 +194,7 @@ class Pipeline:
         try:
             for unit in units:
                 rows = read_unit(unit, s.text_column, s.id_column)
-                prepared = tokenize_unit(unit, rows, embedder.tokenizer, embedder.prompt, s.truncate,
-                                         s.chunk_tokens, s.chunk_overlap)
+                prepared = tokenize_unit(unit, rows, embedder.rule)
                 if prepared.rejects and s.on_error == "stop":
                     raise min(prepared.rejects, key=lambda r: r.row).as_error()
                 if not self._put(out, prepared):
@@ -206,7 +205,7 @@ class Pipeline:
 
     def _write(self, embedded: queue.Queue, failures: list) -> None:
         s = self.settings
-        schema = shards.shard_schema(self.embedder.dimensions, s.output_precision, s.chunked)
+        schema = shards.shard_schema(self.embedder.dimensions, s.output_precision, s.chunked, s.multi_vector)
         while True:
             item = embedded.get()
             if item is _END:

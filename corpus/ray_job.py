@@ -43,7 +43,8 @@ from corpus.plan import WorkUnit
 from corpus.progress import Summary
 from corpus.readers import read_unit
 from corpus.settings import JobSettings, SettingsError
-from corpus.tokens import Tokenized, tokenize_unit
+from corpus.tokenized import Tokenized
+from corpus.tokens import token_rule, tokenize_unit
 
 log = logging.getLogger("corpus")
 TOKENIZE_CPUS = 1  # per tokenizing task
@@ -183,21 +184,20 @@ def _start_engine(settings_json: str) -> str:
 def _tokenize(row: dict, settings_json: str) -> dict:
     """A work unit -> its rows tokenized, as one dataset row (numpy arrays, no Python object per token)."""
     settings = _settings_from_json(settings_json)
-    tokenizer, prompt = _tokenizer(settings.checkpoint)
     unit = WorkUnit.from_json(json.loads(row["unit"]))
-    prepared = tokenize_unit(unit, read_unit(unit, settings.text_column, settings.id_column), tokenizer, prompt,
-                             settings.truncate, settings.chunk_tokens, settings.chunk_overlap)
+    prepared = tokenize_unit(unit, read_unit(unit, settings.text_column, settings.id_column), _token_rule(settings_json))
     return to_dataset_row(prepared)
 
 
 @functools.lru_cache(maxsize=2)
-def _tokenizer(checkpoint: str):
-    """The checkpoint's tokenizer and /embed's default prompt, read once per worker process (no weights loaded)."""
+def _token_rule(settings_json: str):
+    """How the job's texts become sequences (the checkpoint's tokenizer, /embed's default prompt, a ColBERT's
+    markers), read once per worker process (no weights loaded)."""
     from model.checkpoint_files import load_checkpoint_files
     from model.hub import resolve_checkpoint
 
-    files = load_checkpoint_files(resolve_checkpoint(checkpoint).path)
-    return files.tokenizer, dict(files.pooling.prompts).get(files.pooling.default_prompt_name, "")
+    settings = _settings_from_json(settings_json)
+    return token_rule(settings, load_checkpoint_files(resolve_checkpoint(settings.checkpoint).path))
 
 
 def to_dataset_row(prepared: Tokenized) -> dict:
@@ -230,7 +230,7 @@ class _EmbedUnit:
         self.embedder = Embedder(self.settings)
         self.output = open_output(self.settings.output)
         self.schema = shards.shard_schema(self.embedder.dimensions, self.settings.output_precision,
-                                          self.settings.chunked)
+                                          self.settings.chunked, self.settings.multi_vector)
 
     def __call__(self, batch: dict) -> dict:
         prepared = from_dataset_row({name: values[0] for name, values in batch.items()})

@@ -1,7 +1,7 @@
 """Every option of a corpus job, in one frozen object that the CLI builds and both jobs (one machine, Ray) read.
 
 The options that decide what a vector *is* (model, pooling, normalize, dimensions, precision, truncation,
-chunking, the plan's shard size, the output column's type) form the job's `identity()`: an output directory
+chunking, long inputs in windows, multi-vector and its mode, the plan's shard size, the output column's type) form the job's `identity()`: an output directory
 made with another identity is refused on resume, naming the option that differs, so that no directory ever
 mixes vectors of two kinds. The rest (where to read and write, how to run, what to do with bad rows) may
 change between runs of the same job.
@@ -18,6 +18,9 @@ POOLINGS = ("mean", "cls")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 OUTPUT_PRECISIONS = ("float32", "float16")
 ON_ERROR = ("stop", "skip")
+LONG_INPUTS = ("refuse", "chunk")
+MULTI_VECTOR_MODES = ("document", "query")
+DEFAULT_LONG_INPUT_OVERLAP = 16  # the service's --long-input-overlap
 FORMATS = ("jsonl", "parquet", "csv", "text")
 DEFAULT_MAX_BATCH_TOKENS = 16384  # the service's max_batch_tokens (service.settings)
 
@@ -47,6 +50,10 @@ class JobSettings:
     chunk_tokens: int | None = None  # split documents into chunks of this many word pieces, one row per chunk
     chunk_overlap: int = 0  # word pieces consecutive chunks share
     rows_per_shard: int = 10_000  # input rows per work unit, and so per shard: the unit of resume
+    long_input: str = "refuse"  # a document longer than the model: a bad row (refuse) | read in windows (chunk)
+    long_input_overlap: int = DEFAULT_LONG_INPUT_OVERLAP  # word pieces consecutive windows share (at most half one)
+    multi_vector: bool = False  # a ColBERT's token vectors, a list of vectors per row (corpus.multi_vector)
+    multi_vector_mode: str | None = None  # document (None) | query: how the ColBERT marks and reads each text
     output_precision: str = "float32"  # the embedding column's type: float32 | float16 (half the disk)
     on_error: str = "stop"  # stop at the first bad row | skip it into rejects/
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS  # most tokens in one batch (padded), as the service's
@@ -80,8 +87,43 @@ class JobSettings:
                                 f"({self.chunk_tokens}), or chunks would never move on")
         if self.chunk_tokens is not None and self.truncate:
             raise SettingsError("--truncate and --chunk-tokens exclude each other: chunking keeps the whole text")
+        if self.long_input not in LONG_INPUTS:
+            raise SettingsError(f"--long-input must be one of {', '.join(LONG_INPUTS)}, got {self.long_input!r}")
+        if self.long_input_overlap < 0:
+            raise SettingsError(f"--long-input-overlap must be at least 0, got {self.long_input_overlap}")
+        if self.long_input == "chunk" and self.truncate:
+            raise SettingsError("--truncate and --long-input chunk exclude each other: choose to cut long documents "
+                                "or to read them whole in windows")
+        if self.long_input == "chunk" and self.chunk_tokens is not None:
+            raise SettingsError("--chunk-tokens and --long-input chunk exclude each other: one row per chunk, or one "
+                                "vector per document read in windows")
+        self._check_multi_vector()
         if self.actors is not None and self.actors < 1:
             raise SettingsError(f"--actors must be at least 1, got {self.actors}")
+
+    def _check_multi_vector(self) -> None:
+        if self.multi_vector_mode is not None and self.multi_vector_mode not in MULTI_VECTOR_MODES:
+            raise SettingsError(f"--multi-vector-mode must be document or query, got {self.multi_vector_mode!r}")
+        if not self.multi_vector:
+            if self.multi_vector_mode is not None:
+                raise SettingsError("--multi-vector-mode needs --multi-vector")
+            return
+        # A ColBERT's vectors are its tokens' projections, each L2-normalised: nothing to pool, cut or leave unscaled.
+        refused = [flag for flag, asked in (("--pooling", self.pooling is not None),
+                                            ("--dimensions", self.dimensions is not None),
+                                            ("--no-normalize", not self.normalize),
+                                            ("--chunk-tokens", self.chunk_tokens is not None)) if asked]
+        if refused:
+            raise SettingsError(f"--multi-vector writes a ColBERT's token vectors as its encoder makes them "
+                                f"(normalised, one per kept token); {', '.join(refused)} cannot apply to them")
+        if self.vector_mode == "query" and self.long_input == "chunk":
+            raise SettingsError("--long-input chunk reads long documents in windows; a query is always cut to the "
+                                "ColBERT's query length (use --multi-vector-mode document)")
+
+    @property
+    def vector_mode(self) -> str:
+        """How a --multi-vector job's ColBERT reads each text: document (the default) or query."""
+        return self.multi_vector_mode or "document"
 
     @property
     def chunked(self) -> bool:
@@ -98,4 +140,13 @@ class JobSettings:
 
     def identity(self) -> dict:
         """The options a resume must share with the run that made the output directory (see the module's doc)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_IDENTITY}
+        identity = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_IDENTITY}
+        # Options added after the first manifests were written are left out while off, so that an output made before
+        # they existed resumes as it did (its vectors are of that kind); once on, they are there in full.
+        if self.multi_vector:
+            identity["multi_vector_mode"] = self.vector_mode  # the default written out: one name for one kind
+        else:
+            del identity["multi_vector"], identity["multi_vector_mode"]
+        if self.long_input == "refuse":
+            del identity["long_input"], identity["long_input_overlap"]
+        return identity

@@ -10,11 +10,11 @@ import numpy as np
 
 from service.errors import ServiceError
 from service.frontend import answer_size
-from service.frontend.colbert_inputs import ColbertInput, ColbertTokens, LongInput, Mode, colbert_inputs
+from service.frontend.colbert_inputs import (ColbertInput, ColbertTokens, LongInput, Mode, colbert_inputs,
+                                             vectors_per_text)
 from service.frontend.frontdoor import FrontDoor, Waiter
 from service.frontend.inputs import check_texts
 from service.frontend.maxsim import maxsim
-from service.tasks import TokenVectors
 
 
 @dataclass
@@ -40,7 +40,8 @@ class ColbertDoor:
         answer_size.check_vectors([len(m.tokens) for m in made], self.dim, False, base64,
                                   self.door.limits.max_response_mb)
         results = await self.door.compute([item for m in made for item in m.items], gone)
-        return [ColbertVectors(m.tokens, vectors, m.length) for m, vectors in zip(made, _per_text(made, results))]
+        return [ColbertVectors(m.tokens, vectors, m.length)
+                for m, vectors in zip(made, vectors_per_text(made, results))]
 
     async def scores(self, query: str, documents: list[str], long_input: LongInput, gone: Waiter = None,
                      field: str = "documents") -> np.ndarray:
@@ -57,7 +58,7 @@ class ColbertDoor:
         queried = (await self._prepare([query], "query", "refuse", "query"))[0]
         made = await self._prepare(documents, "document", long_input, field)
         results = await self.door.compute(queried.items + [item for m in made for item in m.items], gone)
-        return maxsim(results[0].vectors, _per_text(made, results[1:]))
+        return maxsim(results[0].vectors, vectors_per_text(made, results[1:]))
 
     async def _prepare(self, texts: list[str], mode: Mode, long_input: LongInput, field: str) -> list[ColbertInput]:
         overlap = self.door.long_input_overlap
@@ -69,12 +70,3 @@ class ColbertDoor:
                                              f"limit is {limit} per request: send fewer or shorter texts", param=field)
         return made
 
-
-def _per_text(made: list[ColbertInput], results: list[TokenVectors]) -> list[np.ndarray]:
-    """Each text's vectors: its windows' together, in order."""
-    out, at = [], 0
-    for m in made:
-        parts = [r.vectors for r in results[at : at + len(m.items)]]
-        out.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
-        at += len(m.items)
-    return out

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from model.late_interaction import LateInteraction
 from model.tokenizer import WordPieceTokenizer
 from service.errors import ServiceError
@@ -68,14 +70,27 @@ def colbert_inputs(colbert: ColbertTokens, texts: list[str], mode: Mode, long_in
     tokenizer = colbert.tokenizer
     # [CLS] pieces [SEP] as the tokenizer makes them (its fast path for plain text), without the two specials.
     pieces = [e.ids[1:-1] for e in tokenizer.encode_batch(texts)]
-    made = []
-    for index, ids in enumerate(pieces):
-        where = f"{field}[{index}]" if field != "query" else field
-        if mode == "query":
-            made.append(_query(colbert, ids, where))
-        else:
-            made.append(_document(colbert, ids, long_input, overlap, where))
-    return made
+    return [colbert_input(colbert, ids, mode, long_input, overlap, f"{field}[{index}]" if field != "query" else field)
+            for index, ids in enumerate(pieces)]
+
+
+def colbert_input(colbert: ColbertTokens, pieces: list[int], mode: Mode, long_input: LongInput, overlap: int,
+                  where: str) -> ColbertInput:
+    """One text's items from its word pieces (no [CLS]/[SEP]); `where` names it in errors. The corpus job calls this
+    on texts it tokenized itself."""
+    if mode == "query":
+        return _query(colbert, pieces, where)
+    return _document(colbert, pieces, long_input, overlap, where)
+
+
+def vectors_per_text(made: list[ColbertInput], results: list) -> list[np.ndarray]:
+    """Each text's vectors from its items' `TokenVectors`, in the items' order: its windows' together."""
+    out, at = [], 0
+    for m in made:
+        parts = [r.vectors for r in results[at : at + len(m.items)]]
+        out.append(parts[0] if len(parts) == 1 else np.concatenate(parts))
+        at += len(m.items)
+    return out
 
 
 def _query(colbert: ColbertTokens, pieces: list[int], where: str) -> ColbertInput:

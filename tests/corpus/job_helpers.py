@@ -76,6 +76,15 @@ def read_output(output: Path) -> dict[str, object]:
     return found
 
 
+def read_vectors(output) -> tuple[list[str], list[np.ndarray], list[int]]:
+    """Each row's id, vectors (one array per row: a --multi-vector row's (vectors, dim), else (dim,)) and tokens, in
+    shard-name order."""
+    tables = [pq.read_table(path) for path in sorted((output / "shards").glob("part-*.parquet"))]
+    ids = [v for t in tables for v in t.column("id").to_pylist()]
+    vectors = [np.asarray(v, dtype=np.float32) for t in tables for v in t.column("embedding").to_pylist()]
+    return ids, vectors, [v for t in tables for v in t.column("tokens").to_pylist()]
+
+
 def manifest(output: Path) -> dict:
     return json.loads((output / "manifest.json").read_text(encoding="utf-8"))
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from corpus.settings import JobSettings
-from tests.corpus.job_helpers import manifest, read_output, required_or_skip, sentences, write_jsonl
+from tests.corpus.job_helpers import manifest, read_output, read_vectors, required_or_skip, sentences, write_jsonl
 from tests.corpus.ray_pause import MARKER_VARIABLE
 
 ray = required_or_skip("ray", "BERT_REQUIRE_RAY", "Ray is an optional extra: pip install -r requirements/ray.txt")
@@ -213,3 +213,21 @@ def test_an_option_the_model_cannot_take_is_refused_on_ray_before_anything_is_wr
     assert not output.exists()
     corrected = ray_job.run(replace(job, output=str(output), dimensions=16, ray=True))
     assert corrected.documents == ROWS and manifest(output)["identity"]["dimensions"] == 16
+
+
+def test_multi_vector_and_long_input_outputs_on_ray_equal_one_machine(cluster, job, tiny_colbert, tmp_path):
+    from corpus import local_job, ray_job
+
+    if not cluster.exists():  # (run alone) no actor stands still here
+        cluster.write_text("0")
+    long = " ".join(sentences(12, chars=400))  # far past the tiny model's 128 positions
+    source = write_jsonl(tmp_path / "corpus.jsonl", sentences(30) + [long])
+    for name, options in (("multi", {"checkpoint": str(tiny_colbert), "multi_vector": True, "long_input": "chunk"}),
+                          ("long", {"long_input": "chunk"})):
+        settings = replace(job, input=str(source), rows_per_shard=8, **options)
+        local_job.run(replace(settings, output=str(tmp_path / name / "local")))
+        ray_job.run(replace(settings, output=str(tmp_path / name / "ray"), ray=True))
+        found, expected = read_vectors(tmp_path / name / "ray"), read_vectors(tmp_path / name / "local")
+        assert found[0] == expected[0] and found[2] == expected[2] and len(found[0]) == 31
+        for mine, want in zip(found[1], expected[1]):
+            np.testing.assert_allclose(mine, want, rtol=1e-5, atol=1e-5)

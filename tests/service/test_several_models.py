@@ -221,3 +221,42 @@ async def test_a_model_that_cannot_load_stops_the_start_naming_it(tmp_path, tiny
         failure = app.state.runtime.lifecycle.failure
     assert failure is not None and failure.startswith("model broken:") and "\n" not in failure
     assert app.state.runtime.lifecycle.state == "failed"
+
+
+async def test_a_colbert_beside_an_embedder_answers_as_it_does_alone(tiny_checkpoint, tiny_colbert):
+    """/token-vectors and Cohere's /v1/rerank on the ColBERT (by /models/{name}/... and by `model`) equal the ColBERT
+    served alone; /embed on the embedder equals the embedder alone; a ColBERT route asked of the embedder is a 4xx
+    naming it."""
+    query, documents = "where did the storm land", ["The storm made landfall near the coast .", "Bananas are yellow",
+                                                     "A mill ( by the river ) ground wheat !"]
+    vectors = {"inputs": documents}
+    queries = {"inputs": query, "mode": "query"}
+    rerank = {"query": query, "documents": documents, "return_documents": True}
+
+    def ranked(response) -> list:
+        assert response.status_code == 200, response.text
+        return response.json()["results"]  # (its `id` is new every time)
+
+    async with serving(["colbert=" + str(tiny_colbert)]) as client:
+        alone = [(await client.post("/token-vectors", json=body)).text for body in (vectors, queries)]
+        alone_rerank = ranked(await client.post("/v1/rerank", json={**rerank, "model": "colbert"}))
+    async with serving([f"tiny={tiny_checkpoint}"]) as client:
+        alone_embed = (await client.post("/embed", json={"inputs": documents})).text
+    async with serving([f"tiny={tiny_checkpoint}", f"colbert={tiny_colbert}"]) as client:
+        together = [(await client.post("/models/colbert/token-vectors", json=body)).text for body in (vectors, queries)]
+        by_field = ranked(await client.post("/v1/rerank", json={**rerank, "model": "colbert"}))
+        by_path = ranked(await client.post("/models/colbert/v1/rerank", json=rerank))
+        tei = await client.post("/models/colbert/rerank", json={"query": query, "texts": documents})
+        embed = [(await client.post(path, json={"inputs": documents})).text for path in ("/embed", "/models/tiny/embed")]
+        wrong_vectors = await client.post("/token-vectors", json=vectors)  # unprefixed: the first model, the embedder
+        wrong_rerank = await client.post("/v1/rerank", json={**rerank, "model": "tiny"})
+        wrong_path = await client.post("/models/tiny/v2/rerank", json=rerank)
+    assert together == alone  # the same bytes
+    assert by_field == alone_rerank and by_path == alone_rerank
+    assert [r["index"] for r in tei.json()] == [r["index"] for r in alone_rerank]
+    assert embed == [alone_embed, alone_embed]
+    assert wrong_vectors.status_code == 424
+    assert "needs a ColBERT" in wrong_vectors.json()["error"] and "(model tiny)" in wrong_vectors.json()["error"]
+    for wrong in (wrong_rerank, wrong_path):
+        assert wrong.status_code == 400 and "cross-encoder" in wrong.json()["message"], wrong.text
+        assert "(model tiny)" in wrong.json()["message"]
