@@ -1,7 +1,8 @@
 """Reranking one query against 64 passages, one client, each system timed from the request to the scores in hand:
 
-- the service's /v1/rerank on the PyLate-built ColBERT (MaxSim on the server) and on the cross-encoder, each in
-  float32 and int8;
+- the service's /v1/rerank on the PyLate-built ColBERT (MaxSim on the server) in float32, in the default precision
+  (`--dtype auto`: bfloat16 where the CPU has it natively and the answers stay at float32's fidelity) and in int8,
+  and on the cross-encoder in float32 and int8;
 - PyLate in process, its default CPU path: the query and the passages encoded, then rank.rerank;
 - Infinity's ColBERT path: it serves a colbert-ai checkpoint (architecture HF_ColBERT) as token states, without the
   markers, the [MASK] expansion or the projection; the query and the passages go in one /embeddings call, and the
@@ -102,9 +103,13 @@ def measure(models, query: str, documents: list[str], infinity: str | None, roun
         return clients[-1]
 
     try:
-        systems = {f"service /v1/rerank, ColBERT {dtype} (MaxSim on the server)": service_rerank(
-            serve(*start_service(models.pylate, "--dtype", dtype, timeout_s=600)), query, documents)
-            for dtype in ("float32", "int8")}
+        systems = {}
+        for dtype in ("float32", "auto", "int8"):  # auto: the default, the fastest faithful precision of this host
+            client = serve(*start_service(models.pylate, "--dtype", dtype, timeout_s=600))
+            served = client.get("/info").json()["model_dtype"] if dtype == "auto" else dtype
+            label = f"{dtype} ({served} here, the default)" if dtype == "auto" else dtype
+            systems[f"service /v1/rerank, ColBERT {label} (MaxSim on the server)"] = service_rerank(
+                client, query, documents)
         systems |= {f"service /v1/rerank, cross-encoder {dtype}": service_rerank(
             serve(*start_service(models.cross_encoder, "--dtype", dtype, timeout_s=600)), query, documents)
             for dtype in ("float32", "int8")}
