@@ -43,12 +43,12 @@ def checkpoint_identity(source) -> dict:
             "weights_sha256": weights_hash(Path(source.path))}
 
 
-def job_identity(settings: JobSettings, source, dtype: str | None = None) -> dict:
+def job_identity(settings: JobSettings, source, dtype: str | None = None, int8_path: str | None = None) -> dict:
     """settings.identity() with the pooling the checkpoint's recipe gives when --pooling is left out, --dtype auto
     resolved (`dtype`: as the machine that runs the engine resolved it, a Ray worker's device not being the
     driver's; None: this machine, for this model: resolved_dtype), for int8 the kernels' path
-    (`kernels.int8_path_identity`), and without the checkpoint's name (the model is compared by
-    checkpoint_identity)."""
+    (`kernels.int8_path_identity`: `int8_path`, as the machine that runs the engine has it, else this machine's), and
+    without the checkpoint's name (the model is compared by checkpoint_identity)."""
     from model.pooling import read_pooling
 
     identity = settings.identity()
@@ -58,7 +58,7 @@ def job_identity(settings: JobSettings, source, dtype: str | None = None) -> dic
     if identity["dtype"] == "int8":  # int8's bits depend on the kernels this host runs: no two kinds in one output
         from kernels import int8_path_identity
 
-        identity["int8_path"] = int8_path_identity()
+        identity["int8_path"] = int8_path or int8_path_identity()
     return identity
 
 

@@ -77,16 +77,17 @@ class OpenedJob:
     source: object  # the checkpoint, resolved (model.hub.ResolvedCheckpoint)
 
 
-def open_job(settings: JobSettings, stream=None, dtype: str | None = None) -> OpenedJob:
+def open_job(settings: JobSettings, stream=None, dtype: str | None = None, int8_path: str | None = None
+             ) -> OpenedJob:
     """The job's manifest (the one a first run wrote, checked against this run, or a new one), plan and units left.
     Reads only: an option or an output refused here leaves the output as it was. `dtype` is the precision --dtype
-    resolves to where the engine runs (None: on this machine). Shared by the Ray job, so either resumes the
-    other."""
+    resolves to where the engine runs (None: on this machine), `int8_path` that machine's int8 kernels
+    (kernels.int8_path_identity; None: this machine's). Shared by the Ray job, so either resumes the other."""
     files = resolve_inputs(settings.input, settings.format)
     check_columns(files, settings.text_column, settings.id_column)  # a missing column stops the job before it starts
     inputs = [{"uri": f.uri, "format": f.format, "size": f.size, "fingerprint": f.fingerprint} for f in files]
     source = resolve_source(settings)
-    identity, model = job_identity(settings, source, dtype), checkpoint_identity(source)
+    identity, model = job_identity(settings, source, dtype, int8_path), checkpoint_identity(source)
     output = open_output(settings.output)
     output.check_target()
     manifest = output.read_manifest()

@@ -28,6 +28,7 @@ import functools
 import json
 import logging
 import os
+import platform
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -66,13 +67,15 @@ def run(settings: JobSettings, stream=None) -> Summary:
                  runtime_env=runtime_env())
     try:
         try:
-            dtype = _start_engine_where_it_runs(settings)
-            job = open_job(settings, stream, dtype)  # the same manifest, plan and units left as on one machine
+            dtype, int8_path = _start_engine_where_it_runs(settings)
+            # the same manifest, plan and units left as on one machine
+            job = open_job(settings, stream, dtype, int8_path)
             if job.manifest.get("complete"):
                 return nothing_to_do(settings, job, stream, started)
             start_job(job)
             if job.todo:  # the rates' clock started with the job's progress: the actors' start-up counts in them
-                for result in _results(computing_in(settings, job), job.todo):
+                computing = computing_in(settings, job)
+                for result in _results(computing, job.todo, job.manifest["identity"].get("int8_path")):
                     if result["stopped_by"]:
                         raise Rejected(**json.loads(result["stopped_by"])).as_error()
                     job.progress.computed(int(result["vectors"]), int(result["tokens"]))
@@ -127,10 +130,11 @@ def _actor_resources() -> tuple[dict, int]:
     return ({"num_gpus": 1} if gpus else {"num_cpus": EMBED_CPUS}), gpus
 
 
-def _start_engine_where_it_runs(settings: JobSettings) -> str:
+def _start_engine_where_it_runs(settings: JobSettings) -> tuple[str, str | None]:
     """The engine started once, as an embedding actor starts it and where one runs (a GPU node's device may not be
     the driver's), before the job writes anything: every option is checked against the model and that device,
-    and an option refused here leaves the output as it was. Returns what --dtype resolves to there."""
+    and an option refused here leaves the output as it was. Returns what --dtype resolves to there, and for int8 the
+    identity of the kernels' path there (every actor is then held to it)."""
     import ray
 
     where, _ = _actor_resources()
@@ -139,7 +143,7 @@ def _start_engine_where_it_runs(settings: JobSettings) -> str:
     return ray.get(start.remote(_settings_json(settings)))
 
 
-def _results(settings: JobSettings, todo: list[WorkUnit]):
+def _results(settings: JobSettings, todo: list[WorkUnit], int8_path: str | None = None):
     """The dataset, run: one result row per unit as its shard lands (in whatever order units finish)."""
     import ray
     import ray.data
@@ -155,8 +159,8 @@ def _results(settings: JobSettings, todo: list[WorkUnit]):
     tokenized = units.map(_tokenize, fn_args=(_settings_json(settings),), num_cpus=TOKENIZE_CPUS)
     # Ray Data restarts a pool's dead actor and retries its task there (max_restarts=-1, max_task_retries=-1 are its
     # defaults for actor pools); tests/corpus/test_ray.py fails if that ever changes.
-    written = tokenized.map_batches(_EmbedUnit, fn_constructor_args=(_settings_json(settings),), batch_size=1,
-                                    compute=ray.data.ActorPoolStrategy(size=actors), **where)
+    written = tokenized.map_batches(_EmbedUnit, fn_constructor_args=(_settings_json(settings), int8_path),
+                                    batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), **where)
     log.info("on Ray: %d unit(s), %d embedding actor(s) (%s)", len(todo), actors, "GPU" if gpus else "CPU")
     return written.iter_rows()
 
@@ -173,12 +177,20 @@ def _settings_from_json(text: str) -> JobSettings:
     return JobSettings(**{f.name: values[f.name] for f in fields(JobSettings) if f.name in values})
 
 
-def _start_engine(settings_json: str) -> str:
+def _start_engine(settings_json: str) -> tuple[str, str | None]:
+    """(--dtype as resolved on this worker's device, this worker's int8 path identity where that is int8)."""
     settings = _settings_from_json(settings_json)
     embedder = Embedder(settings)
     embedder.close()
     # --dtype auto is what the engine chose on this worker's device; any other choice is recorded as asked
-    return embedder.precision.name if settings.dtype == "auto" else settings.dtype
+    dtype = embedder.precision.name if settings.dtype == "auto" else settings.dtype
+    return dtype, _int8_path() if dtype == "int8" else None
+
+
+def _int8_path() -> str:
+    from kernels import int8_path_identity
+
+    return int8_path_identity()
 
 
 def _tokenize(row: dict, settings_json: str) -> dict:
@@ -225,9 +237,14 @@ def from_dataset_row(row: dict) -> Tokenized:
 class _EmbedUnit:
     """One engine per actor; each call embeds one unit and writes its shard (and rejects), staged then committed."""
 
-    def __init__(self, settings_json: str):
+    def __init__(self, settings_json: str, int8_path: str | None = None):
         self.settings = _settings_from_json(settings_json)
         self.embedder = Embedder(self.settings)
+        if int8_path is not None and _int8_path() != int8_path:  # a node of another kind: its int8 bits may differ
+            raise CorpusError(f"Ray node {platform.node()}", f"its int8 kernels ({_int8_path()}) are not the job's "
+                              f"({int8_path}), so its vectors could differ from the others' in the same output",
+                              "run an int8 job on nodes of one kind (the same image and CPU features), or another "
+                              "--dtype")
         self.output = open_output(self.settings.output)
         self.schema = shards.shard_schema(self.embedder.dimensions, self.settings.output_precision,
                                           self.settings.chunked, self.settings.multi_vector)

@@ -3,15 +3,11 @@ object validated against the Kubernetes API schemas of the oldest and newest ver
 (kubernetes-validate, strict: unknown fields fail), scanned by checkov, and the values that matter checked
 against the service itself (probe paths and port, shutdown sizing, GPUs only where asked). Contradicting
 values must fail at render time with a message naming the value.
-
-The tools come from requirements/deploy-tools.txt (`make test` installs them into .venv-deploy); without them
-these tests skip, unless BERT_REQUIRE_DEPLOY_TOOLS=1 (as `make test` sets) makes their absence a failure."""
+The jobs the chart runs and the autoscaler: tests/test_helm_chart_jobs.py; the renders: tests/helm_chart.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,98 +15,11 @@ import pytest
 import yaml
 
 from devkit.paths import REPO_ROOT
-from service.metrics import Metrics
 from service.settings import Settings
+from tests.helm_chart import (CHART, CHECKOV, DIGEST, HELM, HUB_ID, JUSTIFIED_WITHOUT_DIGEST, K8S_VERSIONS, RENDERS,
+                              VALIDATE, api_container, env_of, find, helm_template, render, rendered)
 
-CHART = REPO_ROOT / "deploy" / "helm" / "bert-serve"
-ADAPTER = REPO_ROOT / "deploy" / "helm" / "prometheus-adapter-values.yaml"
-K8S_VERSIONS = ("1.29.0", "1.37.0")  # Chart.yaml's kubeVersion floor, and the newest schemas the validator has
-DIGEST = "sha256:" + "0123456789abcdef" * 4
-# What checkov still reports on a chart rendered without an image digest, and why that is accepted: the
-# image is built from this repository and has no registry digest until it is pushed; image.digest pins it
-# (and with it, checkov's pull-policy check passes too, as the digest render below shows).
-JUSTIFIED_WITHOUT_DIGEST = {"CKV_K8S_43", "CKV_K8S_15"}
-
-
-def tool(name: str) -> str | None:
-    folder = os.environ.get("BERT_DEPLOY_BIN")
-    found = shutil.which(name, path=folder) if folder else None
-    return found or shutil.which(name)
-
-
-HELM, VALIDATE, CHECKOV = tool("helm"), tool("kubernetes-validate"), tool("checkov")
-if not (HELM and VALIDATE and CHECKOV):
-    missing = [n for n, t in (("helm", HELM), ("kubernetes-validate", VALIDATE), ("checkov", CHECKOV)) if not t]
-    if os.environ.get("BERT_REQUIRE_DEPLOY_TOOLS") == "1":
-        raise RuntimeError(f"BERT_REQUIRE_DEPLOY_TOOLS=1 but {', '.join(missing)} not found (make test installs "
-                           "them into .venv-deploy from requirements/deploy-tools.txt)")
-    pytest.skip(f"{', '.join(missing)} not installed (requirements/deploy-tools.txt)", allow_module_level=True)
-
-HUB_ID = "BAAI/bge-small-en-v1.5"
-TRAINING = ["--set", "training.job.enabled=true", "--set", "training.distributed.enabled=true"]
-RENDERS = {  # name: values files and --set flags; together they reach every template branch
-    "cpu": ["-f", f"{CHART}/values-cpu.yaml"],
-    "gpu": ["-f", f"{CHART}/values-gpu.yaml", *TRAINING],
-    "cpu-pvc-key": ["-f", f"{CHART}/values-cpu.yaml", "--set", "model.source=pvc", "--set", "model.pvc.create=true",
-                    "--set", "apiKey.create=true", "--set", "apiKey.value=a-long-secret", *TRAINING],
-    "cpu-init": ["-f", f"{CHART}/values-cpu.yaml", "--set", "model.source=init", "--set", "model.init.image=models:1",
-                 "--set-json", 'model.init.command=["cp", "-r", "/model/.", "/models/"]',
-                 "--set", "autoscaling.enabled=false", "--set", "apiKey.existingSecret=bert-key"],
-    "cpu-hub": ["-f", f"{CHART}/values-cpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
-                "--set", "model.hub.revision=v1.0", "--set", "model.hub.tokenSecret=hf-token"],
-    "gpu-hub-offline": ["-f", f"{CHART}/values-gpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
-                        "--set", "model.hub.cache.claimName=hf-cache", "--set", "model.hub.offline=true"],
-    "cpu-hub-models": ["-f", f"{CHART}/values-cpu.yaml", "--set", "model.source=hub", "--set", f"model.hub.id={HUB_ID}",
-                       "--set", "model.hub.revision=v1.0", "--set", "model.name=embed", "--set-json",
-                       'models=[{"name": "rerank", "checkpoint": "BAAI/bge-reranker-base@main", "dtype": "float32", '
-                       '"weight": 2}, {"name": "mlm", "checkpoint": "/app/checkpoints/minilm-wikipedia", '
-                       '"rootTask": "fill-mask"}]'],
-    "cpu-corpus-s3": ["-f", f"{CHART}/values-cpu.yaml", "--set", "corpus.enabled=true",
-                      "--set", "corpus.input=s3://docs/in/", "--set", "corpus.output=s3://docs/vectors",
-                      "--set", "corpus.s3.endpoint=http://minio.storage:9000", "--set", "corpus.s3.credentialsSecret=s3",
-                      "--set-json", 'corpus.args=["--id-column", "doc_id", "--dtype", "int8"]'],
-    "gpu-corpus-pvc": ["-f", f"{CHART}/values-gpu.yaml", "--set", "corpus.enabled=true",
-                       "--set", "corpus.input=/data/docs.jsonl", "--set", "corpus.output=/data/vectors",
-                       "--set", "corpus.storage.claimName=corpus-data", "--set", f"corpus.checkpoint={HUB_ID}"],
-}
-
-
-def helm_template(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([HELM, "template", "bert", str(CHART), "--namespace", "bert", *args],
-                          capture_output=True, text=True)
-
-
-def render(*args: str) -> list[dict]:
-    done = helm_template(*args)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-
-
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
-    folder = tmp_path_factory.mktemp("rendered")
-    out = {}
-    for name, args in RENDERS.items():
-        done = helm_template(*args)
-        assert done.returncode == 0, f"{name}: {done.stderr}"
-        path = folder / f"{name}.yaml"
-        path.write_text(done.stdout)
-        out[name] = (path, [doc for doc in yaml.safe_load_all(done.stdout) if doc])
-    return out
-
-
-def find(docs: list[dict], kind: str, suffix: str = "") -> dict:
-    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
-    assert len(matches) == 1, (kind, suffix, [d["metadata"]["name"] for d in matches])
-    return matches[0]
-
-
-def api_container(docs: list[dict]) -> dict:
-    return find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-
-
-def env_of(container: dict) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in container["env"]}
+__all__ = ["rendered"]  # a fixture, used by name
 
 
 def test_helm_lint_passes():
@@ -283,75 +192,6 @@ def test_several_models_reach_the_server_as_its_settings_and_their_hub_ids_the_i
     assert "BERT_MODEL_SETTING" not in env_of(api_container(rendered["cpu"][1]))
 
 
-def test_distributed_training_is_an_indexed_torchrun_job(rendered):
-    docs = rendered["gpu"][1]
-    job = find(docs, "Job", "train-dist")
-    spec = job["spec"]
-    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
-    pod = spec["template"]["spec"]
-    headless = find(docs, "Service", "train-dist")
-    assert headless["spec"]["clusterIP"] == "None" and pod["subdomain"] == headless["metadata"]["name"]
-    args = pod["containers"][0]["args"]
-    assert args[0] == "torchrun" and "--nnodes=2" in args and args[args.index("-m") + 1] == "trainer"
-    endpoint = next(a for a in args if a.startswith("--rdzv-endpoint="))
-    assert endpoint == f"--rdzv-endpoint={job['metadata']['name']}-0.{headless['metadata']['name']}:29500"
-    mounts = {m["mountPath"]: m.get("subPath") for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts["/checkpoints"] == "checkpoints" and mounts["/cache"] == "cache"
-    single = find(docs, "Job", "-train")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert single[0] == "train" and "--resume" in single
-
-
-def corpus_pod(docs: list[dict]) -> dict:
-    return find(docs, "Job", "-corpus")["spec"]["template"]["spec"]
-
-
-def test_the_corpus_job_on_an_object_store_needs_no_volume_and_reads_its_credentials_from_a_file(rendered):
-    docs = rendered["cpu-corpus-s3"][1]
-    pod = corpus_pod(docs)
-    container = pod["containers"][0]
-    assert container["args"] == ["corpus", "embed", "s3://docs/in/", "--output", "s3://docs/vectors",
-                                 "--id-column", "doc_id", "--dtype", "int8"]
-    assert container["image"] == api_container(docs)["image"]  # the image that serves runs the job
-    assert {v["name"] for v in pod["volumes"]} == {"tmp", "cache", "aws-credentials"}  # no claim
-    env = env_of(container)
-    assert env["AWS_ENDPOINT_URL"] == "http://minio.storage:9000"
-    assert env["AWS_SHARED_CREDENTIALS_FILE"] == "/run/secrets/aws/credentials"
-    assert not any(name.startswith("AWS_") and "KEY" in name for name in env)  # the keys are in the file only
-    secret = next(v for v in pod["volumes"] if v["name"] == "aws-credentials")["secret"]
-    assert secret == {"secretName": "s3", "items": [{"key": "credentials", "path": "credentials"}]}
-    assert {"name": "aws-credentials", "mountPath": "/run/secrets/aws", "readOnly": True} in container["volumeMounts"]
-    policy = find(docs, "NetworkPolicy", "-corpus")["spec"]
-    assert policy["podSelector"]["matchLabels"] == find(docs, "Job", "-corpus")["spec"]["template"]["metadata"][
-        "labels"] and policy["policyTypes"] == ["Ingress"] and "ingress" not in policy  # no connection in
-
-
-def test_the_corpus_job_on_a_claim_mounts_it_at_data_and_takes_the_gpus(rendered):
-    pod = corpus_pod(rendered["gpu-corpus-pvc"][1])
-    container = pod["containers"][0]
-    assert container["args"] == ["corpus", "embed", "/data/docs.jsonl", "--output", "/data/vectors",
-                                 "--checkpoint", HUB_ID]
-    assert {"name": "data", "persistentVolumeClaim": {"claimName": "corpus-data"}} in pod["volumes"]
-    assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 and pod["tolerations"]
-
-
-def test_the_corpus_job_retries_what_a_retry_can_fix_and_no_api_selector_counts_its_pod(rendered):
-    docs = rendered["cpu-corpus-s3"][1]
-    job = find(docs, "Job", "-corpus")["spec"]
-    assert job["template"]["spec"]["restartPolicy"] == "Never" and job["backoffLimit"] >= 1
-    fail_at_once, ignored = job["podFailurePolicy"]["rules"]
-    # exit 2 is corpus/cli.py's "cannot start" (an option, the checkpoint): a retry would be refused the same way
-    assert fail_at_once == {"action": "FailJob", "onExitCodes": {"containerName": "corpus", "operator": "In",
-                                                                  "values": [2]}}
-    assert ignored["action"] == "Ignore" and ignored["onPodConditions"][0]["type"] == "DisruptionTarget"
-    labels = job["template"]["metadata"]["labels"]
-    selectors = [find(docs, "Service", "serve")["spec"]["selector"],
-                 find(docs, "Deployment")["spec"]["selector"]["matchLabels"],
-                 find(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]]
-    for selector in selectors:  # a Job's pod among the API's endpoints would be sent requests it cannot answer
-        assert not all(labels.get(key) == value for key, value in selector.items()), selector
-
-
 @pytest.mark.parametrize("args, names", [
     (["--set", "probes.grpcReadiness=true", "--set", "server.grpc.enabled=false"], "probes.grpcReadiness"),
     (["--set", "server.grpc.port=8000"], "server.grpc.port"),
@@ -419,27 +259,3 @@ def test_checkov_passes_the_dockerfile():
                            "--skip-download", "--output", "json", "--quiet"], capture_output=True, text=True)
     report = json.loads(done.stdout)
     assert report["summary"]["failed"] == 0 and report["summary"]["passed"] > 50, report["summary"]
-
-
-def test_autoscaler_reads_what_the_adapter_serves_from_what_the_service_exports(rendered):
-    hpa = find(rendered["cpu"][1], "HorizontalPodAutoscaler")
-    wanted = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]}
-    rules = yaml.safe_load(ADAPTER.read_text())["rules"]["custom"]
-    served = {rule["name"]["as"] for rule in rules}
-    assert wanted == served == {"bert_queue_depth", "bert_queue_time_seconds"}
-    metrics = Metrics()
-    for model in ("embedder", "reranker"):  # a served model's series exist once the model does
-        metrics.for_model(model)
-    exported = metrics.render()
-    if isinstance(exported, bytes):
-        exported = exported.decode()
-    for rule in rules:
-        series = rule["seriesQuery"].split("{")[0]
-        assert f"\n{series} " in exported or f"\n{series}{{" in exported or exported.startswith(series), series
-        for name in ("bert_queue_time_seconds_sum", "bert_queue_time_seconds_count"):
-            if name in rule["metricsQuery"]:
-                assert name in exported
-        # one series per model in a pod: the query must add them up to one value per pod
-        assert rule["metricsQuery"].startswith("sum("), rule["metricsQuery"]
-        assert f'\n{series}{{model="reranker"}} ' in exported, series
-    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 60

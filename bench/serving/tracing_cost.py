@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     parser.add_argument("--base", type=Path, default=None, help="a checkout of the commit before, for the base row")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=["--workers", "0"])
+    # float32 pinned: --dtype auto picks by the host and the commit (bfloat16 on a CPU that has it, since after the
+    # base), and the rows must compute alike for their ratio to be the cost of traces
+    parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=["--workers", "0", "--dtype", "float32"])
     args = parser.parse_args(argv)
 
     collector = SpanCounter()

@@ -215,6 +215,25 @@ def test_an_option_the_model_cannot_take_is_refused_on_ray_before_anything_is_wr
     assert corrected.documents == ROWS and manifest(output)["identity"]["dimensions"] == 16
 
 
+def test_an_int8_job_holds_every_actor_to_the_int8_kernels_it_recorded(cluster, job, tmp_path):
+    """The identity records the int8 path of a node that runs the engine, and an actor on a node whose kernels differ
+    refuses to embed (its vectors could differ in the last bits from the others' in the same output)."""
+    from corpus import ray_job
+    from corpus.errors import CorpusError
+    from kernels import int8_path_identity
+
+    if not cluster.exists():
+        cluster.write_text("0")
+    output = tmp_path / "out"
+    settings = replace(job, output=str(output), dtype="int8", ray=True)
+    assert ray_job.run(settings).documents == ROWS
+    assert manifest(output)["identity"]["int8_path"] == int8_path_identity()  # both nodes are this machine
+    with pytest.raises(CorpusError) as refused:
+        ray_job._EmbedUnit(ray_job._settings_json(settings), "int8 formulas 0; attention torch's; torch 1.0 (AVX2)")
+    message = str(refused.value)
+    assert message.startswith("Ray node ") and int8_path_identity() in message and "torch 1.0 (AVX2)" in message
+
+
 def test_multi_vector_and_long_input_outputs_on_ray_equal_one_machine(cluster, job, tiny_colbert, tmp_path):
     from corpus import local_job, ray_job
 
