@@ -331,7 +331,8 @@ WRONG_TYPES = {"object": {"a": 1}, "10,000-element list": ["a"] * 10_000, "empty
 def test_every_field_of_every_route_validates_values_of_the_wrong_type(server, route):
     for path in FIELDS[route]:
         for name, value in WRONG_TYPES.items():
-            response, answered_by = server.send(route, "wrong types", json.dumps(_put(BASES[route], path, value)).encode())
+            content = json.dumps(_put(BASES[route], path, value)).encode()
+            response, answered_by = server.send(route, "wrong types", content)
             server.tally[(f"wrong types: {name}", answered_by)] += 1
             where = f"{route} {'.'.join(path)} = {name}: {response.status_code} {response.text[:300]}"
             assert acceptable(response), where
@@ -357,13 +358,15 @@ def test_each_answer_is_put_down_to_the_stage_its_message_names():
     def answer(status: int, body: dict) -> httpx.Response:
         return httpx.Response(status, json=body)
 
-    assert stage(answer(422, {"error": "the request body is nested more than 1024 levels deep (...)"}), "/encode") == "body"
+    nested = {"error": "the request body is nested more than 1024 levels deep (...)"}
+    assert stage(answer(422, nested), "/encode") == "body"
     assert stage(answer(415, {"message": "content-encoding 'br' is not supported; ..."}), "/v1/rerank") == "body"
     assert stage(answer(422, {"error": "top_k must be between 1 and 100, got 0"}), "/fill-mask") == "field"
     assert stage(answer(422, {"error": "target '' is not a single vocabulary token"}), "/fill-mask") == "field"
     assert stage(answer(400, {"error": {"message": "Input should be a valid integer", "param": "dimensions"}}),
                  "/v1/embeddings") == "field"
-    assert stage(answer(424, {"error": "this route needs a classifier; this checkpoint has: ..."}), "/predict") == "no head"
+    no_head = {"error": "this route needs a classifier; this checkpoint has: ..."}
+    assert stage(answer(424, no_head), "/predict") == "no head"
     assert stage(answer(200, {"results": []}), "/encode") == "answered"
     # A refusal that names neither the body nor a field of this route is no stage's: the sweeps fail on it.
     assert stage(answer(422, {"error": "invalid request"}), "/encode") == "unexplained"
