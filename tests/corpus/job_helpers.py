@@ -87,18 +87,3 @@ def read_vectors(output) -> tuple[list[str], list[np.ndarray], list[int]]:
 
 def manifest(output: Path) -> dict:
     return json.loads((output / "manifest.json").read_text(encoding="utf-8"))
-
-
-def required_or_skip(module: str, switch: str, why: str):
-    """`module` imported; missing, the calling test module is skipped, unless the environment sets `switch` to 1 (as
-    `make test` does, which installs it): then its absence fails the tests instead of hiding them."""
-    import importlib
-
-    import pytest
-
-    if os.environ.get(switch) == "1":
-        try:
-            return importlib.import_module(module)
-        except ImportError as exc:
-            raise RuntimeError(f"{switch}=1 but {module} cannot be imported ({exc}): {why}") from None
-    return pytest.importorskip(module, reason=why)

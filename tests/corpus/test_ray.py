@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from corpus.settings import JobSettings
-from tests.corpus.job_helpers import manifest, read_output, read_vectors, required_or_skip, sentences, write_jsonl
+from tests.corpus.job_helpers import manifest, read_output, read_vectors, sentences, write_jsonl
 from tests.corpus.ray_pause import MARKER_VARIABLE
+from tests.optional import required_or_skip
 
 ray = required_or_skip("ray", "BERT_REQUIRE_RAY", "Ray is an optional extra: pip install -r requirements/ray.txt")
 

@@ -10,6 +10,7 @@ import torch
 from corpus.cli import main
 from tests.corpus import job_helpers
 from tests.corpus.job_helpers import embed_args, manifest, read_output, sentences, write_jsonl
+from tests.optional import required_or_skip
 
 ROWS = 30
 OPTIONS = ("--id-column", "id", "--rows-per-shard", "10")
@@ -29,8 +30,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def endpoint():
-    job_helpers.required_or_skip("moto.server", "BERT_REQUIRE_MOTO", "moto (requirements/dev.txt) is the local S3 "
-                                                                     "server")
+    required_or_skip("moto.server", "BERT_REQUIRE_MOTO", "moto (requirements/dev.txt) is the local S3 server")
     from tests.corpus.object_store import local_store
 
     with local_store() as url:

@@ -18,7 +18,7 @@ from corpus.inputs import resolve_inputs
 from corpus.plan import make_plan
 from corpus.readers import Document, read_unit
 from tests.conftest import wikitext_lines
-from tests.corpus.job_helpers import required_or_skip
+from tests.optional import required_or_skip
 
 required_or_skip("moto.server", "BERT_REQUIRE_MOTO", "moto (requirements/dev.txt) is the local S3 server")
 from tests.corpus.object_store import BUCKET, local_store, use_store  # noqa: E402

@@ -10,8 +10,9 @@ import json
 import pytest
 
 from tests.corpus import job_helpers
-from tests.corpus.job_helpers import (embed_args, finished_job, manifest, read_output, required_or_skip, run_cli,
-                                      sentences, write_jsonl)
+from tests.corpus.job_helpers import (embed_args, finished_job, manifest, read_output, run_cli, sentences,
+                                      write_jsonl)
+from tests.optional import required_or_skip
 
 required_or_skip("moto.server", "BERT_REQUIRE_MOTO", "moto (requirements/dev.txt) is the local S3 server")
 from tests.corpus.object_store import BUCKET, download, environment, keys, local_store  # noqa: E402

@@ -5,6 +5,7 @@ does not handle goes to the library."""
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import string
@@ -104,7 +105,7 @@ def test_pipelines_it_cannot_reproduce_get_no_fast_path(tokenizers):
                    lambda s: s["added_tokens"].append({"content": "é", "id": 5}),
                    lambda s: s.update(normalizer={"type": "Sequence", "normalizers": [
                        s["normalizer"], {"type": "Replace", "pattern": {"Regex": "a+"}, "content": "a"}]})):
-        changed = json.loads(json.dumps(spec))
+        changed = copy.deepcopy(spec)
         change(changed)
         assert from_pipeline(changed) is None
 

