@@ -46,7 +46,8 @@ int64_t int8_avx512_vnni(int64_t rounds, const int8_t *seed) {
 __attribute__((target("avx2,avxvnni")))
 int64_t int8_avx_vnni(int64_t rounds, const int8_t *seed) {
     const __m256i a = _mm256_loadu_si256((const __m256i *)seed), b = _mm256_loadu_si256((const __m256i *)(seed + 32));
-#define START(c, i) __m256i c = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(seed + 64)), _mm256_set1_epi32(i));
+#define START(c, i) \
+    __m256i c = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(seed + 64)), _mm256_set1_epi32(i));
 #define STEP(c, i) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
 #define SUM(c, i) sum = _mm256_add_epi32(sum, c);
     EACH_12(START)

@@ -108,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         figures = {"cpu": cpu_model(), "cores": cores, "command": command, "date": date,
                    "alu_peaks": [asdict(p) for p in alu_peaks], "matmul_peaks": [asdict(p) for p in matmul_peaks],
                    "engine": [{**asdict(r), "ops_per_s": r.ops_per_s,
-                               "fraction_of_alu_peak": r.ops_per_s / (peak_of(alu_peaks, r.precision, cores) or 0.0)
-                               if peak_of(alu_peaks, r.precision, cores) else None,
-                               "fraction_of_matmul_peak": r.ops_per_s / peak_of(matmul_peaks, r.precision, cores)
-                               if peak_of(matmul_peaks, r.precision, cores) else None} for r in rates],
+                               "fraction_of_alu_peak": _fraction(r.ops_per_s, peak_of(alu_peaks, r.precision, cores)),
+                               "fraction_of_matmul_peak": _fraction(r.ops_per_s,
+                                                                    peak_of(matmul_peaks, r.precision, cores))}
+                              for r in rates],
                    "int8_bulk_target": INT8_BULK_TARGET, "int8_bulk_fraction": bulk_int8,
                    "where_int8_time_goes": profiles}
         args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
@@ -129,9 +129,9 @@ def report(cpu: str, cores: int, command: str, date: str, alu_peaks, matmul_peak
         product = next((p for p in matmul_peaks if p.precision == precision), None)
         if loop is None and product is None:
             continue
+        call = "torch._int_mm" if precision == "int8" else "torch.matmul"
         lines.append(f"| {precision} | {loop.instruction if loop else '–'} | {_g(peak_of(alu_peaks, precision, 1))} | "
-                     f"{_g(peak_of(alu_peaks, precision, cores))} | "
-                     f"{('torch._int_mm' if precision == 'int8' else 'torch.matmul') + f' {product.size}²' if product else '–'} "
+                     f"{_g(peak_of(alu_peaks, precision, cores))} | {f'{call} {product.size}²' if product else '–'} "
                      f"| {_g(peak_of(matmul_peaks, precision, 1))} | {_g(peak_of(matmul_peaks, precision, cores))} |")
     lines += ["", "G(FL)OP/s; a multiply and an add = 2. The engine's matrix work: the Linear products and attention's "
               "QK^T and PV the sentences need (no padding).", "",
@@ -163,6 +163,10 @@ def report(cpu: str, cores: int, command: str, date: str, alu_peaks, matmul_peak
 
 def _g(ops_per_s: float | None) -> str:
     return "–" if ops_per_s is None else f"{ops_per_s / 1e9:,.0f}"
+
+
+def _fraction(ops_per_s: float, peak: float | None) -> float | None:
+    return ops_per_s / peak if peak else None
 
 
 def _share(ops_per_s: float, peak: float | None) -> str:
