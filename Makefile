@@ -21,7 +21,7 @@ COLBERT_STAMP := $(COLBERT_VENV)/.colbert-$(shell cat requirements/colbert-refer
 DEPLOY_VENV ?= .venv-deploy
 DEPLOY_STAMP := $(DEPLOY_VENV)/.deploy-$(shell cat requirements/deploy-tools.txt | cksum | cut -d' ' -f1)
 
-.PHONY: serve proto embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-one-query bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
+.PHONY: serve proto embed-corpus test test-slow test-docker browser lock-image bench bench-corpus bench-train bench-precision bench-peak bench-one-query bench-smoke bench-report train-default train-mini-scratch retention-curve gpu-wheels bench-gpu gpu-corpus train-bundled-gpu gpu-model-join lock audit clean help
 
 help:
 	@echo "make serve      start the service on http://127.0.0.1:8000 with the bundled model (ARGS='--port 9000 ...')"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench-corpus  python -m corpus embed vs its in-process limit, sentence-transformers, HTTP /embed, Ray (~12 min)"
 	@echo "make bench-train  our trainer vs a plain transformers loop, 10 minutes each (ARGS='--minutes 2')"
 	@echo "make bench-precision  CPU precisions in-process (float32, bfloat16, int8 variants, ONNX Runtime)"
+	@echo "make bench-peak  this CPU's int8/float32/bfloat16 peak and the engine's fraction of it (~6 min on 2 cores)"
 	@echo "make bench-one-query  a few clients, one sentence each: ours vs Infinity's ONNX int8 (~12 min on 2 cores)"
 	@echo "make audit      pip-audit over the pinned dependencies"
 	@echo "make gpu-wheels then make bench-gpu  prove the GPU path on a CUDA machine (bench/gpu/; offline, within 6 min)"
@@ -130,7 +131,8 @@ bench-report: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
 	$(BIN)/python -m bench.report --write --infinity $(abspath $(PEERS_VENV))/bin/infinity_emb $(ARGS)
 
 # Embedding a corpus, file to Parquet (bench/corpus/): our job against the engine's in-process limit, sentence-transformers
-# (float32 and ONNX int8, from the peers' environment), our HTTP /embed and a local two-node Ray cluster. ~12 min on 2 cores.
+# (float32 and ONNX int8) and fastembed (from the peers' environment), our HTTP /embed and a local two-node Ray cluster.
+# ~14 min on 2 cores.
 bench-corpus: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
 	$(BIN)/python -m bench.corpus --peers-python $(abspath $(PEERS_VENV))/bin/python $(ARGS)
 
@@ -138,6 +140,12 @@ bench-corpus: $(DEV_STAMP) $(PEERS_VENV)/bin/infinity_emb
 bench-precision: $(DEV_STAMP)
 	$(PIP) install -q --no-deps -r requirements/bench.txt
 	$(BIN)/python -m bench.precision $(ARGS)
+
+# The limit to read every figure against: this CPU's arithmetic peak (int8 VNNI, float32, bfloat16; register-resident
+# loops built as kernels/ are, and torch's products) and the fraction of it the engine reaches, at batch 1 and in bulk
+# (bench/peak/). Where int8 in bulk is under 60% of its peak, py-spy says where the rest goes.
+bench-peak: $(DEV_STAMP)
+	$(BIN)/python -m bench.peak $(ARGS)
 
 # Search traffic on a CPU: 1-64 clients with one sentence each (and 16 x 8), ours in int8, float32 and bfloat16 beside
 # Infinity's ONNX int8, through the load generator and a plain keep-alive client (bench/serving/one_query.py).

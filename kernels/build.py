@@ -42,11 +42,13 @@ class BuildFailed(Exception):
     """A kernel could not be built here; the message says why."""
 
 
-def build(source_name: str, flags: tuple[str, ...] | None = None) -> Path:
-    """The built library of `kernels/c/<source_name>`, built now unless a kernel directory holds it already.
-    `flags`: KERNELS' for that source unless given."""
+def build(source_name: str, flags: tuple[str, ...] | None = None, sources: Path | None = None) -> Path:
+    """The built library of `<sources>/<source_name>` (kernels/c/ by default), built now unless a kernel directory
+    holds it already. `flags`: KERNELS' for that source unless given. A benchmark's own C file (bench/peak/) passes
+    its folder and flags: it is then built as the product's kernels are, by the same compiler, and cached beside
+    them."""
     flags = KERNELS[source_name][0] if flags is None else flags
-    source = SOURCES / source_name
+    source = (SOURCES if sources is None else sources) / source_name
     compiler = os.environ.get("CC", "cc")
     digest = hashlib.sha256(b"".join(path.read_bytes() for path in _sources(source)) + " ".join(flags).encode())
     name = f"{source.stem}-{digest.hexdigest()[:16]}.so"

@@ -1,15 +1,15 @@
 """Embedding a whole corpus on one machine: `python -m corpus embed` (file to Parquet) against the engine's in-process
-limit in the same precision, sentence-transformers' `encode` (float32, and its dynamic int8 ONNX backend), the same
-corpus through our own HTTP `/embed` by a client loop, and the job on a local two-node Ray cluster. Every system
-reads the same text file (WikiText-2's test split and a slice of the shared Wikipedia text, one sentence a line) and
-writes Parquet; the table it prints is ready for BENCHMARKS.md.
+limit in the same precision, sentence-transformers' `encode` (float32, and its dynamic int8 ONNX backend), fastembed's
+`embed` (ONNX Runtime, float32), the same corpus through our own HTTP `/embed` by a client loop, and the job on a local
+two-node Ray cluster. Every system reads the same text file (WikiText-2's test split and a slice of the shared
+Wikipedia text, one sentence a line) and writes Parquet; the table it prints is ready for BENCHMARKS.md.
 
     python -m bench.corpus                                  # the full run: sized for ~12 minutes on 2 quiet cores
     python -m bench.corpus --wikipedia-sentences 100000     # a bigger slice
     python -m bench.corpus --quick                          # a smoke run of every row in a few minutes
 
 The peers run in their own virtual environment (.venv-peers, requirements/peers.txt: sentence-transformers,
-optimum, ONNX Runtime): --peers-python names its interpreter.
+optimum, ONNX Runtime, fastembed): --peers-python names its interpreter.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from devkit.paths import REPO_ROOT, minilm_dir
 from service.settings import DEFAULT_CHECKPOINT
 
 ST_PEER = Path(__file__).with_name("st_peer.py")
+FASTEMBED_PEER = Path(__file__).with_name("fastembed_peer.py")
 TARGETS = {"limit": 0.9, "st-float32": 3.0, "st-onnx-int8": 1.2, "http": 1.5}  # ours / theirs, issue #54
 LIMIT_BATCH_SIZES = (16, 32, 64, 128)
 
@@ -63,6 +64,14 @@ def st_peer(python: str, model: Path, corpus: Path, output: Path, backend: str, 
                           capture_output=True, text=True, cwd=REPO_ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"sentence-transformers ({backend}) failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fastembed_peer(python: str, model: Path, corpus: Path, output: Path, work: Path) -> dict:
+    done = subprocess.run([python, str(FASTEMBED_PEER), "--model", str(model), "--texts", str(corpus), "--output",
+                           str(output), "--work", str(work)], capture_output=True, text=True, cwd=REPO_ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"fastembed failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -107,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-batch", type=int, nargs="+", default=[8, 64], help="inputs per /embed request")
     parser.add_argument("--http-clients", type=int, default=1,
                         help="connections sending at once (1: a client loop, each request after the last answer)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["st-float32", "st-onnx-int8", "http", "ray"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["st-float32", "st-onnx-int8", "fastembed", "http", "ray"])
     parser.add_argument("--peers-python", default=os.environ.get("BERT_PEERS_PYTHON",
                                                                  str(REPO_ROOT / ".venv-peers" / "bin" / "python")),
                         help="the interpreter of the peers' environment (requirements/peers.txt)")
@@ -178,6 +188,20 @@ def one_model(label: str, checkpoint: Path, corpus: Path, sample: list[str], wor
                 measured["cosine_to_float32"] = {"mean": float(found.mean()), "min": float(found.min())}
                 print(f"# ours ({args.dtype}) against float32 sentence-transformers: cosine mean "
                       f"{found.mean():.4f}, min {found.min():.4f}", file=sys.stderr, flush=True)
+        if "fastembed" not in args.skip:
+            print(f"# {name}: fastembed", file=sys.stderr, flush=True)
+            peer = fastembed_peer(args.peers_python, checkpoint, corpus, work / "fastembed", work)
+            measured["fastembed"] = peer["rows"] / peer["seconds"]
+            lines.append(f"| {name} | fastembed {peer['version']} embed, ONNX Runtime (local float32 export) | "
+                         f"float32 | {measured['fastembed']:,.0f} | "
+                         f"**{ours.rows_per_s / measured['fastembed']:.2f}×** | – |")
+            found = cosines(read_vectors(work / "ours" / "shards"), read_vectors(work / "fastembed"))
+            measured["fastembed_cosine_to_ours"] = {"mean": float(found.mean()), "min": float(found.min())}
+            print(f"# fastembed against ours ({args.dtype}): cosine mean {found.mean():.4f}, min {found.min():.4f}",
+                  file=sys.stderr, flush=True)
+            if (work / "st-float32").is_dir():  # the same float32 model two ways: equal up to float rounding
+                same = cosines(read_vectors(work / "fastembed"), read_vectors(work / "st-float32"))
+                measured["fastembed_cosine_to_st_float32_min"] = float(same.min())
         if "http" not in args.skip:
             print(f"# {name}: our HTTP /embed", file=sys.stderr, flush=True)
             rates = through_http(checkpoint, args.dtype, corpus, work / "http", args.http_batch, args.http_clients)
@@ -199,6 +223,13 @@ def one_model(label: str, checkpoint: Path, corpus: Path, sample: list[str], wor
         cosine = measured["cosine_to_float32"]
         lines.append(f"| {name} | ours ({args.dtype}) vs float32 (sentence-transformers): cosine | | mean "
                      f"{cosine['mean']:.4f}, min {cosine['min']:.4f} | | ≥ 0.99 |")
+    if "fastembed_cosine_to_ours" in measured:
+        cosine = measured["fastembed_cosine_to_ours"]
+        lines.append(f"| {name} | fastembed (float32) vs ours ({args.dtype}): cosine | | mean {cosine['mean']:.4f}, "
+                     f"min {cosine['min']:.4f} | | – |")
+    if "fastembed_cosine_to_st_float32_min" in measured:
+        lines.append(f"| {name} | fastembed vs sentence-transformers (float32 both): cosine | | min "
+                     f"{measured['fastembed_cosine_to_st_float32_min']:.6f} | | – |")
     figures[label] = measured
     return lines
 

@@ -1,0 +1,1 @@
+"""This machine's arithmetic peak, and the fraction of it the engine reaches (bench/peak/run.py)."""

@@ -1,0 +1,119 @@
+/* The CPU's arithmetic peak per instruction family: each function runs `rounds` rounds of one multiply-accumulate
+ * instruction on ACCUMULATORS independent registers, its inputs register-resident, no memory touched in the loop.
+ * Built by kernels/build.py's compiler driver and timed by bench/peak/alu.py, one call per thread.
+ *
+ * Why this many accumulators: a multiply-accumulate depends on its own last result, so one chain runs at one
+ * instruction per latency (4-5 cycles); a core issues one or two a cycle, so eight to ten chains keep it busy.
+ *
+ * Each function carries its own target attribute rather than the library its flags: one library holds them all,
+ * and bench/peak/alu.py calls only those this CPU's flags (/proc/cpuinfo) allow. The inputs come from `seed`, and the
+ * accumulators are summed into the result, so the compiler can neither fold nor drop the loop.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+/* Sixteen (AVX-512: thirty-two registers) or twelve (AVX2: sixteen) accumulators, named one by one: an array of
+ * them made GCC 12 copy every register and spill one to the stack each round. Each starts at its own value: equal
+ * ones GCC merges into one chain. The int8 steps are one instruction of inline assembly each: GCC 12 copies the
+ * accumulator of every vpdpbusd intrinsic to another register (a move a product, and a spill each round). */
+#define EACH_16(STEP) STEP(c0, 0) STEP(c1, 1) STEP(c2, 2) STEP(c3, 3) STEP(c4, 4) STEP(c5, 5) STEP(c6, 6) \
+                      STEP(c7, 7) STEP(c8, 8) STEP(c9, 9) STEP(c10, 10) STEP(c11, 11) STEP(c12, 12) STEP(c13, 13) \
+                      STEP(c14, 14) STEP(c15, 15)
+#define EACH_12(STEP) STEP(c0, 0) STEP(c1, 1) STEP(c2, 2) STEP(c3, 3) STEP(c4, 4) STEP(c5, 5) STEP(c6, 6) \
+                      STEP(c7, 7) STEP(c8, 8) STEP(c9, 9) STEP(c10, 10) STEP(c11, 11)
+
+/* Operations an instruction counts for (a multiply and an add = 2), as bench/peak/alu.py counts them:
+ * vpdpbusd zmm: 16 lanes x 4 int8 products, each added = 128; ymm: 64;
+ * vfmadd zmm: 16 float32 lanes x 2 = 32; ymm: 16;
+ * vdpbf16ps zmm: 16 float32 lanes x 2 bfloat16 products, each added = 64. */
+
+__attribute__((target("avx512f,avx512vnni")))
+int64_t int8_avx512_vnni(int64_t rounds, const int8_t *seed) {
+    const __m512i a = _mm512_loadu_si512(seed), b = _mm512_loadu_si512(seed + 64);
+#define START(c, i) __m512i c = _mm512_add_epi32(_mm512_loadu_si512(seed + 128), _mm512_set1_epi32(i));
+#define STEP(c, i) __asm__("vpdpbusd %2, %1, %0" : "+v"(c) : "v"(a), "v"(b));
+#define SUM(c, i) sum = _mm512_add_epi32(sum, c);
+    EACH_16(START)
+    for (int64_t r = 0; r < rounds; r++) { EACH_16(STEP) }
+    __m512i sum = _mm512_setzero_si512();
+    EACH_16(SUM)
+    return _mm512_reduce_add_epi32(sum);
+#undef START
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx2,avxvnni")))
+int64_t int8_avx_vnni(int64_t rounds, const int8_t *seed) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)seed), b = _mm256_loadu_si256((const __m256i *)(seed + 32));
+#define START(c, i) \
+    __m256i c = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(seed + 64)), _mm256_set1_epi32(i));
+#define STEP(c, i) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
+#define SUM(c, i) sum = _mm256_add_epi32(sum, c);
+    EACH_12(START)
+    for (int64_t r = 0; r < rounds; r++) { EACH_12(STEP) }
+    __m256i sum = _mm256_setzero_si256();
+    EACH_12(SUM)
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, sum);
+    int64_t total = 0;
+    for (int i = 0; i < 8; i++) total += lanes[i];
+    return total;
+#undef START
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx512f")))
+double float32_avx512_fma(int64_t rounds, const float *seed) {
+    const __m512 a = _mm512_loadu_ps(seed), b = _mm512_loadu_ps(seed + 16);
+#define START(c, i) __m512 c = _mm512_add_ps(_mm512_loadu_ps(seed + 32), _mm512_set1_ps((float)i));
+#define STEP(c, i) c = _mm512_fmadd_ps(a, b, c);
+#define SUM(c, i) sum = _mm512_add_ps(sum, c);
+    EACH_16(START)
+    for (int64_t r = 0; r < rounds; r++) { EACH_16(STEP) }
+    __m512 sum = _mm512_setzero_ps();
+    EACH_16(SUM)
+    return _mm512_reduce_add_ps(sum);
+#undef START
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx2,fma")))
+double float32_avx2_fma(int64_t rounds, const float *seed) {
+    const __m256 a = _mm256_loadu_ps(seed), b = _mm256_loadu_ps(seed + 8);
+#define START(c, i) __m256 c = _mm256_add_ps(_mm256_loadu_ps(seed + 16), _mm256_set1_ps((float)i));
+#define STEP(c, i) c = _mm256_fmadd_ps(a, b, c);
+#define SUM(c, i) sum = _mm256_add_ps(sum, c);
+    EACH_12(START)
+    for (int64_t r = 0; r < rounds; r++) { EACH_12(STEP) }
+    __m256 sum = _mm256_setzero_ps();
+    EACH_12(SUM)
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    double total = 0;
+    for (int i = 0; i < 8; i++) total += lanes[i];
+    return total;
+#undef START
+#undef STEP
+#undef SUM
+}
+
+__attribute__((target("avx512f,avx512bf16")))
+double bfloat16_avx512_dot(int64_t rounds, const float *seed) {
+    /* 32 bfloat16 values a register, rounded from the seed's floats */
+    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(seed), _mm512_loadu_ps(seed + 16));
+    const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(seed + 16), _mm512_loadu_ps(seed));
+#define START(c, i) __m512 c = _mm512_add_ps(_mm512_loadu_ps(seed + 32), _mm512_set1_ps((float)i));
+#define STEP(c, i) c = _mm512_dpbf16_ps(c, a, b);
+#define SUM(c, i) sum = _mm512_add_ps(sum, c);
+    EACH_16(START)
+    for (int64_t r = 0; r < rounds; r++) { EACH_16(STEP) }
+    __m512 sum = _mm512_setzero_ps();
+    EACH_16(SUM)
+    return _mm512_reduce_add_ps(sum);
+#undef START
+#undef STEP
+#undef SUM
+}
