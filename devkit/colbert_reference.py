@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import tempfile
-from pathlib import Path
 
 from devkit.paths import REPO_ROOT
 

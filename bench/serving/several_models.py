@@ -211,11 +211,13 @@ def measure(args, work: Path) -> dict:
         url = f"http://127.0.0.1:{port}"
         embed_id, rerank_id = str(Path(models["embed"]).resolve()), str(models["rerank"].resolve())
         gpu = args.device == "cuda"
-        command = [args.infinity, "v2", "--model-id", embed_id, "--model-id", rerank_id, "--host", "127.0.0.1",
+        # each model under a name of its own (Infinity's default name is the path's last two parts)
+        command = [args.infinity, "v2", "--model-id", embed_id, "--model-id", rerank_id,
+                   "--served-model-name", "embed", "--served-model-name", "rerank", "--host", "127.0.0.1",
                    "--port", str(port), "--engine", "torch", "--device", "cuda" if gpu else "cpu",
                    "--dtype", "float16" if gpu else "float32"]
         with serving(command, url):
-            found["infinity"] = asdict(mixed_load(url, f"infinity-embed@{embed_id}", url, f"infinity-rerank@{rerank_id}",
+            found["infinity"] = asdict(mixed_load(url, "infinity-embed@embed", url, "infinity-rerank@rerank",
                                                   texts, token_counts, seconds, flood, processes))
         print(f"infinity: {found['infinity']}", file=sys.stderr, flush=True)
     return found
