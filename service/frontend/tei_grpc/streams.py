@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import grpc
 
@@ -21,8 +21,27 @@ from service.frontend.tei_grpc.methods import Call, Rpc, parse
 from service.logs import CURRENT_REQUEST
 from service.tracing import TraceContext
 
-if TYPE_CHECKING:
-    from service.frontend.tei_grpc.server import GrpcFrontEnd
+
+
+class GrpcFrontEnd(Protocol):
+    """What the streams need of the gRPC server (service.frontend.tei_grpc.server.GrpcFrontEnd, which imports this
+    module: a Protocol here rather than an import back)."""
+
+    runtime: Any  # service.frontend.runtime.Runtime
+    settings: Any  # service.settings.Settings
+    requests: Any  # the admission count shared with HTTP
+    tracing: Any  # service.tracing.Tracing, or None with traces off
+
+    def open_call(self, metadata: dict[str, str]) -> Any: ...
+
+    async def admit_waiting(self) -> None: ...
+
+    def begin(self, rpc: Rpc, context, metadata: dict[str, str]) -> RequestRecord: ...
+
+    def ended(self, rpc: Rpc, record: RequestRecord, code: grpc.StatusCode, kind: str | None, name: str,
+              attributes: dict | None = None, request: bool = True) -> None: ...
+
+    def cancelled_code(self, context) -> grpc.StatusCode: ...
 
 OK = grpc.StatusCode.OK
 RANK_BYTES = 24  # a Rank's share of a RerankStream's answer without its text, for the answer's size bound
