@@ -314,7 +314,7 @@ def markdown(report: dict, image_dir: str) -> str:
               "pre-tokenized batches of similar lengths in the same precision, no HTTP and no queue (best batch "
               "size × batches in parallel)."
               + (f" Not in this run: {', '.join(missing)}." if missing else "")
-              + " GPU figures (one H100, `python -m bench.gpu`) are in the section \"On a GPU\" below.", ""]
+              + " GPU figures (one H200, `python -m bench.gpu`) are in the section \"On a GPU\" below.", ""]
     lv = report["latency_vs_load"]
     first = onset_of_429s(lv["steps"])
     onset = (f"429s begin at {first:,.0f} requests/s offered ({first / lv['capacity_rps']:.2f}× the closed-loop "

@@ -65,7 +65,7 @@ def test_plots_and_markdown(quick_report):
     text = (out / "report.md").read_text()
     assert "| model | server | precision | sentences/s | p50 ms | p99 ms | in-process limit | vs limit |" in text
     assert "| bundled | ours | int8 |" in text and "Not in this run: Infinity" in text
-    assert "GPU figures (one H100, `python -m bench.gpu`) are in the section \"On a GPU\" below" in text
+    assert "GPU figures (one H200, `python -m bench.gpu`) are in the section \"On a GPU\" below" in text
     assert all(f"bench-{n}.png" in text for n in ("throughput", "latency", "precision", "length"))
 
 
