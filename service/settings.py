@@ -94,6 +94,12 @@ class Settings(BaseSettings):
         "Nice value of the compute threads (Linux). Above 0 the thread that accepts and refuses requests comes "
         "first: under a flood refusals stay immediate and accepted requests' latency bounded, for almost no "
         "throughput. 0 = the same priority as the HTTP side."))
+    express_lane: bool = Field(True, description=(
+        "With several models on a CPU: a request to a model that was idle, arriving while every compute thread "
+        "runs another model's batch, runs at once on a spare thread of higher priority (nice compute_niceness // "
+        "2) instead of waiting for those batches; the operating system preempts them, as between separate "
+        "servers, so a lightly used model keeps its latency under another's flood. A model that stays busy shares "
+        "the threads fairly and never takes that path. --no-express-lane: wait for a thread (docs/several-models.md)."))
     max_queue_items: int = Field(4096, ge=1, description=(
         "Inputs allowed to wait in the queue; beyond it requests get 429 with Retry-After at once, instead of "
         "queueing without bound."))

@@ -66,10 +66,13 @@ def request_maker(name: str):
 
 
 async def drive(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],
-                request=encode_request, inputs_per_request: int = 1, first_client: int = 0, stride: int | None = None):
+                request=encode_request, inputs_per_request: int = 1, first_client: int = 0, stride: int | None = None,
+                interval_s: float = 0.0):
     """`concurrency` clients, each with its own connection, send `inputs_per_request` inputs per request
     and wait for the answer before sending the next, until time is up. (`first_client` and `stride`: this
-    loop's clients among all the processes', so that each sends its own inputs.)
+    loop's clients among all the processes', so that each sends its own inputs.) With `interval_s`, a client sends
+    at most one request per interval (at once when its last answer took longer): the same load on every server
+    that keeps up, where a client that sends on each answer asks more of a faster server.
 
     Each client has its own keep-alive connection (bench.serving.http_client, not httpx: the load generator
     must cost little next to the server it measures; with httpx it was the bound on a GPU host).
@@ -96,6 +99,9 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
                 if payload is not None:
                     sequences += len(chosen)
                     tokens += sum(token_counts[t] for t in chosen)
+                pause = started + interval_s - time.perf_counter()
+                if pause > 0:
+                    await asyncio.sleep(min(pause, stop_at - time.perf_counter()))
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(first_client + k) for k in range(concurrency)))

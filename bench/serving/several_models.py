@@ -5,9 +5,15 @@ Three models: all-MiniLM-L6-v2 (the embedder), the bundled model, and a cross-en
 (its encoder with a one-output classifier, built here: its scores are not meaningful, its cost is a reranker's).
 - Memory: the three-model server's resident memory (every process of it, after load) against the sum of three
   single-model servers'.
-- Isolation: one reranker client (1 query x 16 texts a request) alone, then while 64 clients x 8 sentences flood the
-  embedder: the reranker's p99 both ways, and the embedder's sentences/s against its rate alone, less the share of the
-  device the reranker's batches took (its engine seconds over the wall clock, from /metrics).
+- Isolation: one reranker client (1 query x 16 texts a request, `--rerank-rate` requests a second at most) alone,
+  then while 64 clients x 8 sentences flood the embedder: the reranker's p99 both ways, and the embedder's
+  sentences/s against its rate alone, less the reranker's share of the device. That share is the reranker's part of
+  the tokens computed (the server's own counters): both models have all-MiniLM-L6-v2's encoder, so a token costs
+  either about the same. Engine seconds, also given, overstate what a batch cost when another model's batch
+  preempted it (the express runners, docs/several-models.md).
+- The reranker's client is paced (2 requests/s by default, each system keeping up with it): the same load on every
+  system. A client sending on each answer asks more of the system that answers it faster, which then shows as less
+  embedder throughput; `--rerank-rate 0` measures that way.
 - Peers, under the same mixed load: two of our single-model servers sharing the cores (what text-embeddings-
   inference recommends for several models), and Infinity serving the embedder and the reranker in one process
   (`--infinity PATH`; `--skip infinity` without it).
@@ -51,7 +57,8 @@ class Mixed:
     rerank_p50_ms: float | None
     rerank_p99_ms: float | None
     rerank_requests: int
-    rerank_device_share: float | None = None  # the reranker's engine seconds over the wall clock (ours only)
+    rerank_device_share: float | None = None  # the reranker's part of the tokens every model computed (ours only)
+    rerank_engine_seconds_share: float | None = None  # its part of every model's engine seconds (ours only)
 
 
 def embedder_checkpoint() -> Path:
@@ -122,19 +129,27 @@ def ours(models: dict[str, Path], port: int, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "service", *checkpoints, "--port", str(port), *extra]
 
 
-def rerank_device_seconds(url: str) -> float:
+def device_use_by_model(url: str) -> dict[str, dict[str, float]]:
+    """Each model's tokens computed and engine seconds so far (from /metrics)."""
     import httpx
 
     text = httpx.get(url + "/metrics", timeout=30).text
-    found = re.search(r'^bert_inference_seconds_sum\{model="rerank"\} (\S+)$', text, re.M)
-    return float(found.group(1)) if found else 0.0
+    return {series: {model: float(value) for model, value in re.findall(
+        rf'^{metric}\{{model="([^"]+)"\}} (\S+)$', text, re.M)}
+        for series, metric in (("tokens", "bert_tokens_real_total"), ("seconds", "bert_inference_seconds_sum"))}
+
+
+def rerank_share(before: dict, after: dict, series: str) -> float:
+    used = {model: value - before[series].get(model, 0.0) for model, value in after[series].items()}
+    return used.get("rerank", 0.0) / max(sum(used.values()), 1e-9)
 
 
 def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_request: str, texts: list[str],
                token_counts: dict, seconds: float, flood: tuple[int, int] | None, processes: int,
-               device_seconds=None) -> Mixed:
+               rerank_rate: float, device_use=None) -> Mixed:
     """The embedder flooded by `flood` (clients, sentences a request; None: no flood) while one reranker client
-    sends query + RERANK_TEXTS texts a request (rerank_request None: no reranker)."""
+    sends query + RERANK_TEXTS texts a request, at most `rerank_rate` a second (0: on each answer; rerank_request
+    None: no reranker)."""
     results: dict = {}
 
     def flood_embedder():
@@ -142,7 +157,7 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
         results["embed"] = drive_processes(embed_url, texts, clients, seconds, token_counts, embed_request,
                                            per_request, processes)
 
-    before = device_seconds() if device_seconds else None
+    before = device_use() if device_use else None
     started = time.perf_counter()
     thread = threading.Thread(target=flood_embedder) if flood else None
     if thread:
@@ -150,16 +165,19 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
         time.sleep(0.5)  # the flood is under way before the reranker's first request
     if rerank_request:
         results["rerank"] = asyncio.run(drive(rerank_url, texts, 1, seconds - (0.5 if flood else 0), token_counts,
-                                              request_maker(rerank_request), RERANK_TEXTS + 1))
+                                              request_maker(rerank_request), RERANK_TEXTS + 1,
+                                              interval_s=1 / rerank_rate if rerank_rate else 0.0))
     if thread:
         thread.join()
     wall = time.perf_counter() - started
     embed_rate = results["embed"][1] / results["embed"][3] if "embed" in results else None
     latencies = np.array(results["rerank"][0]) * 1000 if "rerank" in results else None
-    share = (device_seconds() - before) / wall if device_seconds else None
+    after = device_use() if device_use else None
     return Mixed(embed_rate, float(np.percentile(latencies, 50)) if latencies is not None else None,
                  float(np.percentile(latencies, 99)) if latencies is not None else None,
-                 len(latencies) if latencies is not None else 0, share)
+                 len(latencies) if latencies is not None else 0,
+                 rerank_share(before, after, "tokens") if after else None,
+                 rerank_share(before, after, "seconds") if after else None)
 
 
 def measure(args, work: Path) -> dict:
@@ -174,7 +192,8 @@ def measure(args, work: Path) -> dict:
     flood = (args.clients, args.sentences)
     seconds, processes, extra = args.seconds, args.client_processes, list(args.service_args)
     found: dict = {"models": {name: str(path) for name, path in models.items()}, "seconds": seconds,
-                   "flood": f"{flood[0]} clients x {flood[1]} sentences", "rerank_request": f"1 query x {RERANK_TEXTS}"}
+                   "flood": f"{flood[0]} clients x {flood[1]} sentences", "rerank_request": f"1 query x {RERANK_TEXTS}",
+                   "rerank_rate_per_s": args.rerank_rate or "on each answer"}
     # alone: each model in a server of its own (memory; the embedder's rate and the reranker's latency alone)
     found["alone_rss_mib"] = {}
     for name, path in models.items():
@@ -183,10 +202,10 @@ def measure(args, work: Path) -> dict:
         with serving(ours({name: path}, port, extra), url) as process:
             if name == "embed":
                 found["embed_alone"] = asdict(mixed_load(url, "embed@", url, None, texts, token_counts, seconds,
-                                                         flood, processes))
+                                                         flood, processes, args.rerank_rate))
             if name == "rerank":
                 found["rerank_alone"] = asdict(mixed_load(url, None, url, "rerank@", texts, token_counts, seconds,
-                                                          None, processes))
+                                                          None, processes, args.rerank_rate))
             found["alone_rss_mib"][name] = tree_rss_mib(process.pid)
         print(f"alone {name}: {found['alone_rss_mib'][name]:.0f} MiB", file=sys.stderr, flush=True)
     # the three at once
@@ -195,7 +214,7 @@ def measure(args, work: Path) -> dict:
     with serving(ours(models, port, extra), url) as process:
         found["together"] = asdict(mixed_load(url, "embed@/models/embed", url, "rerank@/models/rerank", texts,
                                               token_counts, seconds, flood, processes,
-                                              lambda: rerank_device_seconds(url)))
+                                              args.rerank_rate, lambda: device_use_by_model(url)))
         found["together_rss_mib"] = tree_rss_mib(process.pid)
     print(f"together: {found['together']}", file=sys.stderr, flush=True)
     # peer: two single-model servers of ours sharing the cores (one process per model, as TEI recommends)
@@ -204,7 +223,7 @@ def measure(args, work: Path) -> dict:
     with serving(ours({"embed": models["embed"]}, embed_port, extra), embed_url), \
             serving(ours({"rerank": models["rerank"]}, rerank_port, extra), rerank_url):
         found["two_servers"] = asdict(mixed_load(embed_url, "embed@", rerank_url, "rerank@", texts, token_counts,
-                                                 seconds, flood, processes))
+                                                 seconds, flood, processes, args.rerank_rate))
     print(f"two servers: {found['two_servers']}", file=sys.stderr, flush=True)
     if "infinity" not in args.skip and args.infinity:
         port = free_port()
@@ -218,7 +237,8 @@ def measure(args, work: Path) -> dict:
                    "--dtype", "float16" if gpu else "float32"]
         with serving(command, url):
             found["infinity"] = asdict(mixed_load(url, "infinity-embed@embed", url, "infinity-rerank@rerank",
-                                                  texts, token_counts, seconds, flood, processes))
+                                                  texts, token_counts, seconds, flood, processes,
+                                                  args.rerank_rate))
         print(f"infinity: {found['infinity']}", file=sys.stderr, flush=True)
     return found
 
@@ -235,7 +255,8 @@ def verdicts(found: dict) -> list[str]:
     share = together["rerank_device_share"] or 0.0
     floor = found["embed_alone"]["embed_per_s"] * (1 - share)
     lines.append(f"embedder: {together['embed_per_s']:.0f} sentences/s with the reranker / {floor:.0f} (alone "
-                 f"{found['embed_alone']['embed_per_s']:.0f} less the reranker's {share:.1%} of the device) = "
+                 f"{found['embed_alone']['embed_per_s']:.0f} less the reranker's {share:.1%} of the tokens computed; "
+                 f"{together['rerank_engine_seconds_share'] or 0.0:.1%} of the engine seconds) = "
                  f"{together['embed_per_s'] / floor:.2f}x (target >= 0.9x)")
     for peer, target in (("two_servers", 1.0), ("infinity", 2.0)):
         if peer in found:
@@ -253,6 +274,8 @@ def main(argv=None) -> int:
     parser.add_argument("--clients", type=int, default=64, help="embedder clients of the flood")
     parser.add_argument("--sentences", type=int, default=8, help="sentences per embedder request")
     parser.add_argument("--client-processes", type=int, default=2)
+    parser.add_argument("--rerank-rate", type=float, default=2.0,
+                        help="the reranker client's requests a second at most (0: one on each answer)")
     parser.add_argument("--infinity", default=None, help="the infinity_emb command (requirements/peers.txt)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["infinity"])
     parser.add_argument("--service-args", nargs="*", default=[], help="more flags for every server of ours")

@@ -58,6 +58,8 @@ class Batcher:
         self._cancelled_since_scan = False
         self.prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
         self.running = 0  # batches taken by runners and not yet answered (on a GPU, up to two a runner)
+        self.express_running = 0  # those of them on the device's express runners (device_runners)
+        self.express_tokens = 0  # tokens of the request that woke this model still to be taken (device_runners)
         self.clock = 0.0  # the fair share's virtual time: tokens computed over weight (device_runners)
         self._stopping = False
         self.preparer_finished = False  # set by the preparer once stopping and the queue is empty
@@ -81,7 +83,7 @@ class Batcher:
         with self._lock:
             self._stopping = True
             self._cond.notify_all()
-            self.device.batch_ready.notify_all()
+            self.device.wake_all()
         if self._preparer is not None:
             self._preparer.join(timeout)
         if self._owns_device:
@@ -118,12 +120,15 @@ class Batcher:
                 raise ServiceError("overloaded", f"the queue is full{whose} ({len(self._queue)} inputs waiting); retry "
                                    "later", retry_after_s=wait)
             now = time.monotonic()
+            entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
+            tokens = sum(e.length for e in entries)
             if not self.has_work():
                 self.progress_at = now  # an idle model's clock starts with its work
-                self.device.wake_clock(self)
-            entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
+                # the request that wakes it goes ahead, up to a batch per runner (device_runners)
+                self.express_tokens = min(tokens, self.device.runners * self.policy.max_batch_tokens)
+                self.device.wake_clock(self, self.express_tokens / self.weight)
             self._queue.extend(entries)
-            self._queued_tokens += sum(e.length for e in entries)
+            self._queued_tokens += tokens
             sooner = ticket.deadline < self._earliest_deadline
             self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
@@ -147,7 +152,7 @@ class Batcher:
                 chosen = self._wait_and_select()
                 if chosen is None:
                     self.preparer_finished = True
-                    self.device.batch_ready.notify_all()
+                    self.device.wake_all()
                     return
                 self._collating = True
             try:
@@ -160,7 +165,7 @@ class Batcher:
                 continue
             with self._lock:
                 self.prepared, self._collating = (chosen, batch), False
-                self.device.batch_ready.notify()
+                self.device.batch_prepared()
 
     def _wait_and_select(self) -> list[Entry] | None:
         """Under the lock: wait until there is something to run and nowhere for it to wait, then pick it."""
@@ -170,7 +175,7 @@ class Batcher:
             if self._stopping and not self._queue:
                 return None
             if self.prepared is None and self._queue:
-                idle = sum(q.running for q in self.device.queues) < self.device.runners
+                idle = sum(q.running - q.express_running for q in self.device.queues) < self.device.runners
                 short = self._queued_tokens < policy.max_batch_tokens // 2 and \
                     len(self._queue) < policy.max_batch_size
                 waited = time.monotonic() - self._queue[0].enqueued_at
@@ -238,6 +243,7 @@ class Batcher:
         taken, self.prepared = self.prepared, None
         self.running += 1
         self.clock += taken[1].real_tokens / self.weight
+        self.express_tokens -= taken[1].real_tokens
         self._cond.notify()  # the preparer may prepare the next batch now
         return taken
 
@@ -248,7 +254,9 @@ class Batcher:
             return []
         self.running += 1
         chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine)))
-        self.clock += sum(e.length for e in chosen) / self.weight
+        tokens = sum(e.length for e in chosen)
+        self.clock += tokens / self.weight
+        self.express_tokens -= tokens
         self._cond.notify()  # what did not fit, if any: the preparer prepares it
         return chosen
 

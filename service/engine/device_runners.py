@@ -8,9 +8,18 @@ launches the next batch before it reads the last one's results, whichever models
 
 Whose batch runs next is fair by tokens (start-time fair queueing): each model has a virtual clock that a batch
 taken advances by its tokens over the model's weight, and the prepared batch of the model with the earliest clock
-goes first. A model that has been idle starts just ahead of the earliest clock among the busy ones, so a request to
-it waits for the batches already on the device and no more, and it cannot save up credit while idle to flood the
-device later. With one model this is the batcher of a single-model server, unchanged.
+goes first. A model that has been idle starts ahead of the earliest clock among the busy ones by the request that
+woke it (at most one batch per runner), so every batch of that request goes before the busy models' next ones, and it
+cannot save up credit while idle to flood the device later. With one model this is the batcher of a single-model
+server, unchanged.
+
+On a CPU serving several models, the request that wakes an idle model does not wait for the batches already on the
+cores either: when every runner is computing another model's batch, its batches run at once on express runners
+(one per runner, idle otherwise) at a higher priority than the runners' (nice compute_niceness // 2). The operating
+system then preempts the busy models' batches, as it would between separate servers, but in the woken model's
+favour. Only a woken request's batches go there (`Batcher.express_tokens`): a model that stays busy shares the
+runners by the fair rule and never uses the express runners, so two floods cost no oversubscription. Measured in
+bench.serving.several_models (BENCHMARKS.md, "Several models").
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ class Batcher(Protocol):
     clock: float  # the fair share's virtual time
     prepared: Any  # (entries, batch) ready to run, or None
     preparer_finished: bool
-    running: int
+    running: int  # its batches taken and not yet done with, on runners and express runners
+    express_running: int  # those of them on express runners
+    express_tokens: int  # tokens of the request that woke it still to be taken (module docstring)
     progress_at: float
 
     def has_work(self) -> bool: ...
@@ -54,11 +65,13 @@ class DeviceRunners:
     """The runners of one device and the lock that every model queue on it shares (one lock, several conditions:
     each preparer waits on its own, the runners on `batch_ready`)."""
 
-    def __init__(self, runners: int = 1, niceness: int = 0):
+    def __init__(self, runners: int = 1, niceness: int = 0, express: int = 0):
         self.runners = runners
         self.niceness = niceness
+        self.express = express  # express runners (module docstring): 0 on a GPU, with one model, or when turned off
         self.lock = threading.Lock()
         self.batch_ready = threading.Condition(self.lock)  # the runners wait on it
+        self.express_ready = threading.Condition(self.lock)  # the express runners wait on it
         self.queues: list[Batcher] = []
         self.idle_runners = 0  # runners waiting with nothing on the device: a new request may go to one of them
         self._threads: list[threading.Thread] = []
@@ -68,8 +81,10 @@ class DeviceRunners:
         self.queues.append(queue)
 
     def start(self) -> None:
-        for n in range(self.runners):
-            thread = threading.Thread(target=self._run_loop, name=f"bert-runner-{n}", daemon=True)
+        loops = [(self._run_loop, f"bert-runner-{n}") for n in range(self.runners)]
+        loops += [(self._express_loop, f"bert-express-{n}") for n in range(self.express)]
+        for loop, name in loops:
+            thread = threading.Thread(target=loop, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -83,12 +98,24 @@ class DeviceRunners:
 
     # ---- the fair choice (under the lock) ----------------------------------------------------------
 
-    def wake_clock(self, queue: Batcher) -> None:
-        """`queue` has work again after being idle: its clock starts just ahead of the busy models' earliest, so its
-        first batch goes next and the idle time earns it nothing."""
+    def wake_clock(self, queue: Batcher, ahead: float) -> None:
+        """`queue` has work again after being idle: its clock starts `ahead` (the waking request's tokens over the
+        model's weight, at most a batch per runner) and a little more before the busy models' earliest, so every
+        batch of that request goes next, and the idle time earns it nothing."""
         busy = [q.clock for q in self.queues if q is not queue and q.has_work()]
         if busy:
-            queue.clock = max(queue.clock, min(busy) - 1.0)
+            queue.clock = max(queue.clock, min(busy) - 1.0 - ahead)
+
+    def batch_prepared(self) -> None:
+        """A model has a prepared batch (under the lock): a runner takes it, or an express runner where it may."""
+        self.batch_ready.notify()
+        if self.express:
+            self.express_ready.notify()
+
+    def wake_all(self) -> None:
+        """Stopping, or a preparer finished (under the lock): every runner looks again."""
+        self.batch_ready.notify_all()
+        self.express_ready.notify_all()
 
     def _next_prepared(self) -> Batcher | None:
         """The model whose prepared batch goes next: the earliest clock, then the oldest entry."""
@@ -96,6 +123,15 @@ class DeviceRunners:
         if not ready:
             return None
         return min(ready, key=lambda q: (q.clock, q.prepared[0][0].enqueued_at))
+
+    def _express_choice(self) -> Batcher | None:
+        """The model whose prepared batch an express runner takes now: the fair rule's next, while it still has a
+        waking request's tokens to run (`express_tokens`) and every runner is computing a batch."""
+        queue = self._next_prepared()
+        if queue is None or queue.express_tokens <= 0:
+            return None
+        on_runners = sum(q.running - q.express_running for q in self.queues)
+        return queue if on_runners >= self.runners else None
 
     def _may_pick(self) -> Batcher | None:
         """A model whose queue an idle runner picks from itself (its preparer idle), the earliest clock first."""
@@ -136,6 +172,24 @@ class DeviceRunners:
                     self.release(on_device.queue)
             on_device = launched
 
+    def _express_loop(self) -> None:
+        """An express runner: computes a woken model's batch when every runner is busy (module docstring)."""
+        name_os_thread()
+        lower_thread_priority(self.niceness // 2)
+        while True:
+            with self.lock:
+                while (queue := self._express_choice()) is None:
+                    if all(q.preparer_finished for q in self.queues):
+                        return
+                    self.express_ready.wait()
+                self._wake_other_preparers(queue)
+                chosen, batch = queue.take_prepared()
+                queue.express_running += 1
+            try:
+                queue.run_batch(chosen, batch)
+            finally:
+                self.release(queue, express=True)
+
     def _take(self, one_on_device: bool) -> tuple[Batcher, list, object] | None:
         """(the model's queue, its entries, their prepared batch) to run next. With none on the device it waits until
         some model has one or every preparer has finished (None); or, with every preparer idle, picks a model's next
@@ -169,7 +223,10 @@ class DeviceRunners:
                 if queue is None:
                     return None
             self._wake_other_preparers(queue)
-            return (queue, *queue.take_prepared())
+            taken = (queue, *queue.take_prepared())
+            if self.express:  # every runner may be busy now: another model's prepared batch may go express
+                self.express_ready.notify()
+            return taken
 
     def _wake_other_preparers(self, taken: Batcher) -> None:
         """A request that came to an idle model woke a runner rather than the model's preparer (the runner would pick
@@ -179,9 +236,10 @@ class DeviceRunners:
             if queue is not taken and queue.preparing_soon():
                 queue.wake_preparer()
 
-    def release(self, queue: Batcher) -> None:
-        """A batch taken from `queue` is done with (answered, failed or dropped)."""
+    def release(self, queue: Batcher, express: bool = False) -> None:
+        """A batch taken from `queue` (by an express runner: `express`) is done with (answered, failed or dropped)."""
         with self.lock:
             queue.running -= 1
+            queue.express_running -= express
             queue.progress_at = time.monotonic()
             queue.wake_preparer()

@@ -82,7 +82,8 @@ def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None 
         except Exception as exc:  # noqa: BLE001 - one line naming the model; no half-ready server
             raise StartupError(f"model {spec.name}: {exc}" if len(specs) > 1 else str(exc)) from None
         if device is None:  # every model runs on the same device and threads: the first start-up planned them
-            device = DeviceRunners(started.runners, settings.compute_niceness)
+            express = started.runners if express_lane(settings, started, len(specs)) else 0
+            device = DeviceRunners(started.runners, settings.compute_niceness, express)
         policy = started.batch_policy(settings.max_wait_ms / 1000, spec.max_queue_items, settings.max_padding_fraction,
                                       settings.compute_niceness)
         batcher = Batcher(started.engine, policy, metrics, device=device, name=spec.name, weight=spec.weight)
@@ -96,6 +97,12 @@ def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None 
                  ", ".join(f"{s.spec.name} ({s.facts.dtype}, weight {s.spec.weight:g})" for s in served),
                  served[0].spec.name)
     return EngineModels(served, device)
+
+
+def express_lane(settings, started: StartedEngine, models: int) -> bool:
+    """Whether the device gets express runners (service.engine.device_runners): several models on a CPU, where the
+    operating system can preempt one batch for another; a GPU runs one batch at a time whatever the threads."""
+    return settings.express_lane and models > 1 and started.engine.device.type == "cpu"
 
 
 def check_memory(settings, specs: list[ModelSpec], directories: dict[str, Path]) -> None:
