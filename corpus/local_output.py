@@ -19,6 +19,7 @@ from corpus.errors import CorpusError, Rejected
 from corpus.manifest import manifest_text, parse_manifest
 from corpus.output import MANIFEST, REJECTS, SHARDS, Output, rejects_name, shard_name
 from corpus.shards import rejects_text, token_total
+from model.files import fsync_directory
 
 TMP_PREFIX = ".tmp-"
 RESUME_HINT = "free some space, then run the same command again: it resumes where it stopped"
@@ -87,14 +88,6 @@ class LocalOutput(Output):
         return summaries
 
 
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def _as_corpus_error(exc: BaseException, final: Path) -> BaseException:
     """A full disk or another OS error as one line naming the file; anything else as it is."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -122,7 +115,7 @@ def _commit(tmp: Path, final: Path) -> None:
     """The staged file renamed to `final` and the folder flushed: it counts from here."""
     try:
         os.replace(tmp, final)
-        _fsync_directory(final.parent)
+        fsync_directory(final.parent)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         raise _as_corpus_error(exc, final) from None

@@ -48,10 +48,6 @@ class RawCall:
         """A gRPC message whose length prefix says `declared` bytes, of which `sent` follow."""
         self.sock.sendall(frame(DATA, 0, STREAM, b"\x00" + struct.pack(">I", declared) + b"\x00" * sent))
 
-    def send_message(self, message: bytes, last: bool = False) -> None:
-        self.sock.sendall(frame(DATA, END_STREAM if last else 0, STREAM, b"\x00" + struct.pack(">I", len(message))
-                                + message))
-
     def wait_for_end(self, timeout_s: float) -> float | None:
         """Seconds until the server ended the stream (trailers with END_STREAM, or RST_STREAM, or GOAWAY, or the
         connection closed), or None if it did not within `timeout_s`."""

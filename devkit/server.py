@@ -1,4 +1,4 @@
-"""Starting a server as a child process on loopback and waiting until /health answers 200.
+"""Starting a server as a child process on loopback, waiting until /health answers 200, and stopping it.
 Used by the benchmarks and by the tests that need a real server."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -41,6 +42,26 @@ def start(command: list[str], url: str, timeout_s: float = 120, env: dict[str, s
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"{command} did not become healthy within {timeout_s:.0f} s")
+
+
+def stop(process: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM, so that the server drains and exits on its own; SIGKILL if it has not within `timeout_s`."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
+def serving(command: list[str], url: str, timeout_s: float = 120):
+    """`start(command, url, timeout_s)` for the `with` block (the process is its value), stopped when it ends."""
+    process = start(command, url, timeout_s)
+    try:
+        yield process
+    finally:
+        stop(process)
 
 
 def start_service(checkpoint, *flags: str, timeout_s: float = 120) -> tuple[subprocess.Popen, str]:

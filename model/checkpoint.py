@@ -37,6 +37,7 @@ from model.checkpoint_files import (  # noqa: F401  (the text files' names, re-e
     with_text_files,
 )
 from model.config import BertConfig, ConfigError
+from model.files import fsync_directory
 from model.labels import LabelSpec
 from model.projection import load_projection
 from model.tokenizer import WordPieceTokenizer
@@ -128,11 +129,7 @@ def _fsync_tree(directory: Path) -> None:
             path.chmod(0o644)  # readable by the unprivileged user a container serves as
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(directory)
 
 
 def _replace_directory(tmp: Path, final: Path) -> None:
@@ -145,11 +142,7 @@ def _replace_directory(tmp: Path, final: Path) -> None:
         os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(final.parent)
 
 
 # ---- loading -------------------------------------------------------------------------------------

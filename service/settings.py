@@ -289,11 +289,6 @@ class Settings(BaseSettings):
         except ModelSpecError as exc:
             raise ValueError(str(exc)) from None
 
-    @property
-    def default_checkpoint(self) -> str:
-        """The default model's source (the first --checkpoint, without its NAME=)."""
-        return self.models()[0].checkpoint
-
     def engine_options(self, model: ModelSpec | None = None) -> EngineOptions:
         """How `model`'s engine starts (the default model's by default; service.engine.loader.start_engine)."""
         model = model or self.models()[0]

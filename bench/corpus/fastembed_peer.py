@@ -1,7 +1,7 @@
 """The fastembed peer of the corpus benchmark: a text file (one document a line) to Parquet with fastembed's
 `TextEmbedding.embed`, ONNX Runtime underneath, as many pick it to embed on a CPU. It runs in the peers' virtual
-environment (requirements/peers.txt) and imports nothing from this repository; bench.corpus starts it as a child and
-reads the one JSON line it prints.
+environment (requirements/peers.txt) and imports nothing from this repository but its sibling peer_parquet.py;
+bench.corpus starts it as a child and reads the one JSON line it prints.
 
 Nothing is downloaded: the model is exported here to ONNX (float32, `transformers`' BertModel, its last hidden
 state; fastembed's own all-MiniLM-L6-v2 is such a float32 export) into a folder beside the tokenizer's files, and
@@ -20,6 +20,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
+
+from peer_parquet import embed_file  # a sibling: run as a script, this file's folder is first on sys.path
 
 # The model's name in fastembed's registry: its own for all-MiniLM-L6-v2 is taken, and would be downloaded.
 REGISTERED_NAME = "bench-corpus/local-export"
@@ -74,24 +76,6 @@ def load_model(exported: Path, dimension: int, work: Path):
                          local_files_only=True)
 
 
-def embed_file(model, texts_path: Path, output: Path, rows_per_file: int, batch_size: int) -> int:
-    """Read `texts_path`, embed every line, write Parquet files of `rows_per_file` rows (id, embedding)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    texts = texts_path.read_text(encoding="utf-8").splitlines()
-    output.mkdir(parents=True, exist_ok=True)
-    stem = texts_path.name  # ids as python -m corpus makes them for a text file: name:line
-    for start in range(0, len(texts), rows_per_file):
-        part = texts[start : start + rows_per_file]
-        vectors = np.ascontiguousarray(np.stack(list(model.embed(part, batch_size=batch_size))), dtype=np.float32)
-        embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])
-        ids = pa.array([f"{stem}:{start + k + 1}" for k in range(len(part))])
-        pq.write_table(pa.table({"id": ids, "embedding": embedding}), output / f"part-{start:012d}.parquet")
-    return len(texts)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="a Hugging Face BERT directory (all-MiniLM-L6-v2)")
@@ -103,14 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import fastembed
+    import numpy as np
 
     started = time.perf_counter()
     exported = export(args.model, args.work)
     dimension = json.loads((args.model / "config.json").read_text())["hidden_size"]
     model = load_model(exported, dimension, args.work)
     list(model.embed(["warm up"] * 4))
+
+    def embed(texts: list[str]):  # embed yields one vector a text
+        return np.stack(list(model.embed(texts, batch_size=args.batch_size)))
+
     loaded = time.perf_counter()
-    rows = embed_file(model, args.texts, args.output, args.rows_per_file, args.batch_size)
+    rows = embed_file(embed, args.texts, args.output, args.rows_per_file)
     seconds = time.perf_counter() - loaded
     print(json.dumps({"system": "fastembed", "version": fastembed.__version__, "rows": rows, "seconds": seconds,
                       "load_seconds": loaded - started}))

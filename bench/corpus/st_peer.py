@@ -1,7 +1,8 @@
 """The sentence-transformers peer of the corpus benchmark: a text file (one document a line) to Parquet with
 `SentenceTransformer.encode`, as a user who writes the loop themselves would. It runs in the peers' virtual
 environment (sentence-transformers, optimum and ONNX Runtime pin versions the service cannot share), so it
-imports nothing from this repository; bench.corpus starts it as a child and reads the one JSON line it prints.
+imports nothing from this repository but its sibling peer_parquet.py; bench.corpus starts it as a child and reads the
+one JSON line it prints.
 
 Backends: `torch` (the default float32 one) and `onnx-int8` (ONNX Runtime on a dynamic int8 export made with
 sentence-transformers' own `export_dynamic_quantized_onnx_model`, its fastest CPU backend). The clock runs from
@@ -18,6 +19,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
+
+from peer_parquet import embed_file  # a sibling: run as a script, this file's folder is first on sys.path
 
 
 def load_model(model_dir: Path, backend: str, work: Path):
@@ -52,25 +55,6 @@ def quantization_config() -> str:
     return "avx2" if "avx2" in flags else "arm64"
 
 
-def embed_file(model, texts_path: Path, output: Path, rows_per_file: int, batch_size: int) -> int:
-    """Read `texts_path`, encode every line, write Parquet files of `rows_per_file` rows (id, embedding)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    texts = texts_path.read_text(encoding="utf-8").splitlines()
-    output.mkdir(parents=True, exist_ok=True)
-    stem = texts_path.name  # ids as python -m corpus makes them for a text file: name:line
-    for start in range(0, len(texts), rows_per_file):
-        part = texts[start : start + rows_per_file]
-        vectors = model.encode(part, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])
-        ids = pa.array([f"{stem}:{start + k + 1}" for k in range(len(part))])
-        pq.write_table(pa.table({"id": ids, "embedding": embedding}), output / f"part-{start:012d}.parquet")
-    return len(texts)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, required=True, help="a sentence-transformers model directory")
@@ -88,8 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     model = load_model(args.model, args.backend, work)
     model.encode(["warm up"] * 4)
+
+    def encode(texts: list[str]):
+        return model.encode(texts, batch_size=args.batch_size, normalize_embeddings=True, convert_to_numpy=True)
+
     loaded = time.perf_counter()
-    rows = embed_file(model, args.texts, args.output, args.rows_per_file, args.batch_size)
+    rows = embed_file(encode, args.texts, args.output, args.rows_per_file)
     seconds = time.perf_counter() - loaded
     print(json.dumps({"backend": args.backend, "rows": rows, "seconds": seconds, "load_seconds": loaded - started,
                       "torch_threads": torch.get_num_threads()}))

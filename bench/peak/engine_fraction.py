@@ -46,10 +46,6 @@ class EngineRate:
     def ops_per_s(self) -> float:
         return self.sentences_per_s * self.work.ops
 
-    @property
-    def linear_ops_per_s(self) -> float:
-        return self.sentences_per_s * self.work.linear_ops
-
 
 def matrix_work(config, lengths: list[int]) -> MatrixWork:
     """Mean matrix work per sentence of `lengths` (tokens each), through the layers the served embedding uses."""

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from devkit.paths import REPO_ROOT
-from devkit.server import free_port
+from devkit.server import free_port, stop
 
 # Run with the checkout measured as the current directory; prints one JSON object.
 START_PROBE = """
@@ -116,12 +116,7 @@ def serving_cost(repo: Path, checkpoint: Path, workers: int) -> dict:
             rows.append({"rss_mib": rss / 1024, "torch_loaded": "libtorch" in maps})
         return {"workers": workers, "front_ends": rows}
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, timeout_s=30)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,12 +30,10 @@ import argparse
 import asyncio
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,10 +41,11 @@ import numpy as np
 
 from bench.serving.load import drive, drive_processes, request_maker
 from devkit.paths import WIKITEXT_TEST, minilm_dir
-from devkit.server import free_port, start
+from devkit.server import free_port, serving
 from service.settings import DEFAULT_CHECKPOINT
 
 RERANK_TEXTS = 16  # texts a reranker request ranks
+START_S = 300  # how long each server it runs may take to answer /health
 
 
 @dataclass
@@ -108,20 +107,6 @@ def tree_rss_mib(pid: int) -> float:
         except (OSError, StopIteration):
             continue
     return total / 1024
-
-
-@contextmanager
-def serving(command: list[str], url: str):
-    process = start(command, url, timeout_s=300)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def ours(models: dict[str, Path], port: int, extra: list[str]) -> list[str]:
@@ -199,7 +184,7 @@ def measure(args, work: Path) -> dict:
     for name, path in models.items():
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        with serving(ours({name: path}, port, extra), url) as process:
+        with serving(ours({name: path}, port, extra), url, START_S) as process:
             if name == "embed":
                 found["embed_alone"] = asdict(mixed_load(url, "embed@", url, None, texts, token_counts, seconds,
                                                          flood, processes, args.rerank_rate))
@@ -211,7 +196,7 @@ def measure(args, work: Path) -> dict:
     # the three at once
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with serving(ours(models, port, extra), url) as process:
+    with serving(ours(models, port, extra), url, START_S) as process:
         found["together"] = asdict(mixed_load(url, "embed@/models/embed", url, "rerank@/models/rerank", texts,
                                               token_counts, seconds, flood, processes,
                                               args.rerank_rate, lambda: device_use_by_model(url)))
@@ -220,8 +205,8 @@ def measure(args, work: Path) -> dict:
     # peer: two single-model servers of ours sharing the cores (one process per model, as TEI recommends)
     embed_port, rerank_port = free_port(), free_port()
     embed_url, rerank_url = f"http://127.0.0.1:{embed_port}", f"http://127.0.0.1:{rerank_port}"
-    with serving(ours({"embed": models["embed"]}, embed_port, extra), embed_url), \
-            serving(ours({"rerank": models["rerank"]}, rerank_port, extra), rerank_url):
+    with serving(ours({"embed": models["embed"]}, embed_port, extra), embed_url, START_S), \
+            serving(ours({"rerank": models["rerank"]}, rerank_port, extra), rerank_url, START_S):
         found["two_servers"] = asdict(mixed_load(embed_url, "embed@", rerank_url, "rerank@", texts, token_counts,
                                                  seconds, flood, processes, args.rerank_rate))
     print(f"two servers: {found['two_servers']}", file=sys.stderr, flush=True)
@@ -235,7 +220,7 @@ def measure(args, work: Path) -> dict:
                    "--served-model-name", "embed", "--served-model-name", "rerank", "--host", "127.0.0.1",
                    "--port", str(port), "--engine", "torch", "--device", "cuda" if gpu else "cpu",
                    "--dtype", "float16" if gpu else "float32"]
-        with serving(command, url):
+        with serving(command, url, START_S):
             found["infinity"] = asdict(mixed_load(url, "infinity-embed@embed", url, "infinity-rerank@rerank",
                                                   texts, token_counts, seconds, flood, processes,
                                                   args.rerank_rate))

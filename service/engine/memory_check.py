@@ -18,8 +18,6 @@ from pathlib import Path
 GIB = 2**30
 ACTIVATION_COPIES = 6  # live activation tensors of the widest size during one layer's forward pass, and headroom
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                     "BOOL": 1}
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class _ParsedRequest(Request):
     the connection's own."""
 
     def __init__(self, request: Request, raw: bytes, value: Any):
-        super().__init__(request.scope, _replaying(raw, request.receive))
+        super().__init__(request.scope, replaying(raw, request.receive))
         self._value = value
 
     async def json(self) -> Any:
@@ -82,8 +82,9 @@ class ParsedBodyRoute(APIRoute):
         return parse_first
 
 
-def _replaying(raw: bytes, receive):
-    """An ASGI `receive` that gives the body `raw` once, then whatever the connection's `receive` gives."""
+def replaying(raw: bytes, receive):
+    """An ASGI `receive` that gives the body `raw` once, then whatever the connection's `receive` gives (after the
+    body: disconnect notifications). For whoever has read the body and hands the request on."""
     sent = False
 
     async def replay():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from service.frontend.body import replaying
 from service.frontend.disconnects import can_sweep
 from service.frontend.http_errors import error_response
 from service.frontend.model_prefix import MODEL_SCOPE
@@ -101,7 +102,7 @@ class BodyLimit:
             kind, message = refused or self._too_large()
             self.metrics.failures.labels(self.route_label(scope["path"]), kind, scope.get(MODEL_SCOPE, "")).inc()
             return await error_response(kind, message, scope["path"], headers=headers)(scope, receive, send)
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replaying(body, receive), send)
 
     def _too_large(self) -> tuple[str, str]:
         return "payload_too_large", f"the request body is larger than {self.max_body_bytes} bytes"
@@ -154,16 +155,3 @@ class BodyLimit:
             raise BodyLate(f"the request body stalled: no data for {self.idle_timeout_s:g} s "
                            f"({size} bytes received)") from None
         return b"".join(chunks)
-
-
-def _replay(body: bytes, receive):
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # after the body: disconnect notifications
-
-    return replay

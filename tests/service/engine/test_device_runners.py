@@ -13,6 +13,7 @@ from service.engine.batcher import Batcher, BatchPolicy
 from service.engine.device_runners import DeviceRunners
 from service.engine.tickets import Ticket
 from service.metrics import Metrics
+from tests.service.engine.stand_ins import StandInEngine
 
 BATCH_S = 0.01  # device time of one batch of the stand-in engine
 SLOW = {}  # model name -> device time of its batches, where not BATCH_S
@@ -26,36 +27,17 @@ class Item(list):
         self.model = model
 
 
-class Timed:
-    """A BatchEngine stand-in: every batch takes BATCH_S on one shared 'device', which logs (model, tokens, when)."""
-
-    overlaps = False
-    pads_attention = False
+class Timed(StandInEngine):
+    """Every batch takes BATCH_S on one shared 'device', which logs (model, tokens, when)."""
 
     def __init__(self, log: list, lock: threading.Lock):
         self.log, self.lock = log, lock
-
-    def collate(self, items):
-        class Batch:
-            size = len(items)
-            real_tokens = padded_tokens = sum(len(i) for i in items)
-            flops, padding_flops = 1.0, 0.0
-        batch = Batch()
-        batch.items = items
-        return batch
 
     def run(self, batch):
         time.sleep(SLOW.get(batch.items[0].model, BATCH_S))
         with self.lock:
             self.log.append((batch.items[0].model, batch.real_tokens, time.monotonic()))
         return [len(item) for item in batch.items]
-
-    def release_cached_memory(self) -> None:
-        pass
-
-    @staticmethod
-    def is_out_of_memory(exc: BaseException) -> bool:
-        return False
 
 
 class Collected:

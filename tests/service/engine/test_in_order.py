@@ -11,6 +11,7 @@ import pytest
 from service.engine.batcher import Batcher, BatchPolicy
 from service.engine.in_order import ItemsFailed, compute_in_order
 from service.metrics import Metrics
+from tests.service.engine.stand_ins import StandInEngine
 
 
 class Item:
@@ -21,11 +22,8 @@ class Item:
         return self.length
 
 
-class Doubling:
-    """A BatchEngine stand-in: each item's result is twice its value; an item of value `fails_at` fails its batch."""
-
-    overlaps = False
-    pads_attention = False
+class Doubling(StandInEngine):
+    """Each item's result is twice its value; an item of value `fails_at` fails its batch."""
 
     def __init__(self, fails_at: int | None = None):
         self.fails_at = fails_at
@@ -33,15 +31,6 @@ class Doubling:
         self.most_queued = 0
         self.batcher: Batcher | None = None
         self.lock = threading.Lock()
-
-    def collate(self, items):
-        class Batch:
-            size = len(items)
-            real_tokens = padded_tokens = sum(len(i) for i in items)
-            flops, padding_flops = 1.0, 0.0
-        batch = Batch()
-        batch.items = items
-        return batch
 
     def run(self, batch):
         with self.lock:
@@ -56,13 +45,6 @@ class Doubling:
 
     def finish(self, work):
         return work
-
-    def release_cached_memory(self) -> None:
-        pass
-
-    @staticmethod
-    def is_out_of_memory(exc: BaseException) -> bool:
-        return False
 
 
 def started(engine: Doubling, runners: int = 2) -> Batcher:
