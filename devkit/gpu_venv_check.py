@@ -3,7 +3,8 @@
 There, `python3` is itself a virtual environment holding torch and little of what the service needs. This
 builds one like it here: a venv with only torch, transformers, tokenizers, safetensors, httpx, pytest, numpy and
 matplotlib (at the pins of requirements/serve.txt and dev.txt), in a copy of the committed tree; then
-`make gpu-wheels` for this Python (network: PyPI); then `python -m bench.gpu --dry-run` with the network cut
+`make gpu-wheels` for this Python (network: PyPI); then WikiText-2 copied into the tree's .data/wikitext-2, as it
+is carried to the GPU machine (nothing is beside the tree); then `python -m bench.gpu --dry-run` with the network cut
 (`unshare -rn`, where it works), which must install the wheels itself and pass. Minutes; needs PyPI.
 """
 
@@ -44,6 +45,7 @@ def check(work: Path) -> int:
     tree.mkdir()
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    (tree / ".data").mkdir()
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -51,7 +53,9 @@ def check(work: Path) -> int:
         [str(python), "-m", "pip", "install", "-q", *pinned(ONLY)],
         ["make", "-C", str(tree), "gpu-wheels", f"PYTHON={python}",
          f"GPU_PYTHON={sys.version_info.major}.{sys.version_info.minor}"],
-        offline(["env", f"BERT_WIKITEXT_DIR={WIKITEXT_DIR}", str(python), "-m", "bench.gpu", "--dry-run",
+        # as on the GPU machine: no BERT_WIKITEXT_DIR, the copy in .data/wikitext-2 (docs/gpu.md)
+        ["cp", "-r", str(WIKITEXT_DIR), str(tree / ".data" / "wikitext-2")],
+        offline(["env", "-u", "BERT_WIKITEXT_DIR", str(python), "-m", "bench.gpu", "--dry-run",
                  "--out", str(work / "out")]),
     ]
     for step in steps:

@@ -7,10 +7,21 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+# A copy of WikiText-2 inside the repository (ignored by git), for a machine with no data folder beside the checkout:
+# the GPU machine, where only the repository and the folders carried with it arrive (docs/gpu.md).
+CARRIED_WIKITEXT = REPO_ROOT / ".data" / "wikitext-2"
+
+
+def default_wikitext_dir(shared: Path = SHARED_DATA / "wikitext-2", carried: Path = CARRIED_WIKITEXT) -> Path:
+    """The data folder beside the repository's WikiText-2; where that is absent and the repository holds a copy
+    in .data/wikitext-2, that copy."""
+    return carried if not shared.is_dir() and carried.is_dir() else shared
+
+
 # WikiText-2's validation and test splits (the held-out evaluation text) for benchmarks and training, from the
-# data folder beside the repository; BERT_WIKITEXT_DIR overrides. The test suite points it at its own slices
-# (tests/data/wikitext-2, a few hundred KB), so that a clone with nothing beside it passes.
-WIKITEXT_DIR = Path(os.environ.get("BERT_WIKITEXT_DIR", SHARED_DATA / "wikitext-2"))
+# data folder beside the repository, else .data/wikitext-2; BERT_WIKITEXT_DIR overrides. The test suite points it
+# at its own slices (tests/data/wikitext-2, a few hundred KB), so that a clone with nothing beside it passes.
+WIKITEXT_DIR = Path(os.environ.get("BERT_WIKITEXT_DIR") or default_wikitext_dir())
 WIKIPEDIA_DIR = SHARED_DATA / "wikipedia-en"
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from bench.gpu.env import ensure_packages, program
 from bench.gpu.verdicts import missed, verdict_lines, verdicts
-from devkit.paths import REPO_ROOT
+from devkit.paths import REPO_ROOT, WIKITEXT_TEST, WIKITEXT_VALID
 from model.provenance import portable
 
 MIN_TORCH = (2, 1)
@@ -248,6 +248,17 @@ def failed(summary: dict) -> list[str]:
     return broken + [f"training {n}" for n, run in trained.items() if "error" in run]
 
 
+# The steps that read WikiText-2 (devkit.paths): the serving steps' sentences, the trainer's corpus and held-out text.
+WIKITEXT_STEPS = ("serving", "serving_base", "training", "training_no_graphs", "training_profile", "several_models")
+
+
+def wikitext_missing(steps) -> list[str]:
+    """The WikiText-2 files that `steps` need and this machine lacks, as paths relative to the repository."""
+    if not set(steps) & set(WIKITEXT_STEPS):
+        return []
+    return [portable(str(path)) for path in (WIKITEXT_VALID, WIKITEXT_TEST) if not path.is_file()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget_minutes is None:
         args.budget_minutes = 60.0 if args.dry_run else BUDGET_MINUTES
     args.steps = args.steps or list(DRY_RUN_STEPS if args.dry_run else DEFAULT_STEPS)
+    absent = wikitext_missing(args.steps)
+    if absent:  # before any step: the serving steps and the trainer read it, minutes into the run
+        print(f"error: WikiText-2 not found ({', '.join(absent)}): bench.gpu serves and trains on it; copy "
+              f"../shared/data/wikitext-2 to .data/wikitext-2 and carry it (docs/gpu.md), or set BERT_WIKITEXT_DIR",
+              file=sys.stderr)
+        return 2
     ensure_packages(argv)
     import torch
 

@@ -98,6 +98,30 @@ def test_steps_beside_the_asked_for_figures_wait_for_the_budget(budget_minutes, 
     assert ran == [gpu_steps.WITHOUT_GRAPHS]
 
 
+def test_wikitext_comes_from_the_repository_where_nothing_is_beside_it(tmp_path):
+    """On the GPU machine only the repository and the folders carried with it arrive: no ../shared. There the copy
+    in .data/wikitext-2 (docs/gpu.md) is WikiText-2, without BERT_WIKITEXT_DIR."""
+    from devkit.paths import default_wikitext_dir
+
+    shared, carried = tmp_path / "shared" / "wikitext-2", tmp_path / "repo" / ".data" / "wikitext-2"
+    assert default_wikitext_dir(shared, carried) == shared  # neither there: the usual place, named in the error
+    carried.mkdir(parents=True)
+    assert default_wikitext_dir(shared, carried) == carried
+    shared.mkdir(parents=True)
+    assert default_wikitext_dir(shared, carried) == shared  # the data folder beside the checkout comes first
+
+
+def test_a_run_without_wikitext_stops_before_its_first_step(tmp_path, monkeypatch, capsys):
+    """Without WikiText-2 the serving steps and the trainer fail minutes into a GPU lease: the run says so at once."""
+    from bench.gpu import __main__ as gpu_main
+
+    monkeypatch.setattr(gpu_main, "WIKITEXT_VALID", tmp_path / "absent" / "wiki.valid.tokens")
+    monkeypatch.setattr(gpu_main, "ensure_packages", lambda argv: pytest.fail("went on past the check"))
+    assert gpu_main.main(["--dry-run", "--out", str(tmp_path / "out")]) == 2
+    assert "WikiText-2 not found" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert gpu_main.wikitext_missing(["gpu_tests", "kernels"]) == []  # steps that do not read it need no copy
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1860)  # the subprocess's own limit (1800 s), then the checks
 def test_gpu_check_on_a_venv_shaped_python(tmp_path):
