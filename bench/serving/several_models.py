@@ -143,7 +143,6 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
                                            per_request, processes)
 
     before = device_use() if device_use else None
-    started = time.perf_counter()
     thread = threading.Thread(target=flood_embedder) if flood else None
     if thread:
         thread.start()
@@ -154,7 +153,6 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
                                               interval_s=1 / rerank_rate if rerank_rate else 0.0))
     if thread:
         thread.join()
-    wall = time.perf_counter() - started
     embed_rate = results["embed"][1] / results["embed"][3] if "embed" in results else None
     latencies = np.array(results["rerank"][0]) * 1000 if "rerank" in results else None
     after = device_use() if device_use else None

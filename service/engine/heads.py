@@ -10,6 +10,7 @@ On a CPU everything has happened by the time `launch_heads` returns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import accumulate
 
 import numpy as np
