@@ -17,6 +17,7 @@ Three models: all-MiniLM-L6-v2 (the embedder), the bundled model, and a cross-en
 - Peers, under the same mixed load: two of our single-model servers sharing the cores (what text-embeddings-
   inference recommends for several models), and Infinity serving the embedder and the reranker in one process
   (`--infinity PATH`; `--skip infinity` without it).
+Our rows run `--rounds` times in turns and each figure is its median (Infinity's row once).
 Targets (issue #62): memory <= 0.6x; reranker p99 <= 2x alone; embedder >= 0.9x (alone less the reranker's share);
 >= 1.0x two single-model servers and >= 2x Infinity in embedder throughput, each with a lower reranker p99.
 
@@ -177,37 +178,49 @@ def measure(args, work: Path) -> dict:
     found: dict = {"models": {name: str(path) for name, path in models.items()}, "seconds": seconds,
                    "flood": f"{flood[0]} clients x {flood[1]} sentences", "rerank_request": f"1 query x {RERANK_TEXTS}",
                    "rerank_rate_per_s": args.rerank_rate or "on each answer"}
-    # alone: each model in a server of its own (memory; the embedder's rate and the reranker's latency alone)
-    found["alone_rss_mib"] = {}
-    for name, path in models.items():
+    # Each row runs `--rounds` times, in turns (embedder alone, reranker alone, the three together, two servers), and
+    # the figures are each one's median: the rows of one round are minutes apart on a shared machine.
+    rows: dict[str, list[dict]] = {"embed_alone": [], "rerank_alone": [], "together": [], "two_servers": []}
+    for round_number in range(args.rounds):
+        first = round_number == 0
+        if first:
+            found["alone_rss_mib"] = {}
+        # alone: each model in a server of its own (memory; the embedder's rate and the reranker's latency alone)
+        for name, path in models.items():
+            if name == "bundled" and not first:
+                continue  # it is there for its memory only
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            with serving(ours({name: path}, port, extra), url, START_S) as process:
+                if name == "embed":
+                    rows["embed_alone"].append(asdict(mixed_load(url, "embed@", url, None, texts, token_counts,
+                                                                 seconds, flood, processes, args.rerank_rate)))
+                if name == "rerank":
+                    rows["rerank_alone"].append(asdict(mixed_load(url, None, url, "rerank@", texts, token_counts,
+                                                                  seconds, None, processes, args.rerank_rate)))
+                if first:
+                    found["alone_rss_mib"][name] = tree_rss_mib(process.pid)
+                    print(f"alone {name}: {found['alone_rss_mib'][name]:.0f} MiB", file=sys.stderr, flush=True)
+        # the three at once
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        with serving(ours({name: path}, port, extra), url, START_S) as process:
-            if name == "embed":
-                found["embed_alone"] = asdict(mixed_load(url, "embed@", url, None, texts, token_counts, seconds,
-                                                         flood, processes, args.rerank_rate))
-            if name == "rerank":
-                found["rerank_alone"] = asdict(mixed_load(url, None, url, "rerank@", texts, token_counts, seconds,
-                                                          None, processes, args.rerank_rate))
-            found["alone_rss_mib"][name] = tree_rss_mib(process.pid)
-        print(f"alone {name}: {found['alone_rss_mib'][name]:.0f} MiB", file=sys.stderr, flush=True)
-    # the three at once
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with serving(ours(models, port, extra), url, START_S) as process:
-        found["together"] = asdict(mixed_load(url, "embed@/models/embed", url, "rerank@/models/rerank", texts,
-                                              token_counts, seconds, flood, processes,
-                                              args.rerank_rate, lambda: device_use_by_model(url)))
-        found["together_rss_mib"] = tree_rss_mib(process.pid)
-    print(f"together: {found['together']}", file=sys.stderr, flush=True)
-    # peer: two single-model servers of ours sharing the cores (one process per model, as TEI recommends)
-    embed_port, rerank_port = free_port(), free_port()
-    embed_url, rerank_url = f"http://127.0.0.1:{embed_port}", f"http://127.0.0.1:{rerank_port}"
-    with serving(ours({"embed": models["embed"]}, embed_port, extra), embed_url, START_S), \
-            serving(ours({"rerank": models["rerank"]}, rerank_port, extra), rerank_url, START_S):
-        found["two_servers"] = asdict(mixed_load(embed_url, "embed@", rerank_url, "rerank@", texts, token_counts,
-                                                 seconds, flood, processes, args.rerank_rate))
-    print(f"two servers: {found['two_servers']}", file=sys.stderr, flush=True)
+        with serving(ours(models, port, extra), url, START_S) as process:
+            rows["together"].append(asdict(mixed_load(url, "embed@/models/embed", url, "rerank@/models/rerank", texts,
+                                                      token_counts, seconds, flood, processes, args.rerank_rate,
+                                                      lambda: device_use_by_model(url))))
+            if first:
+                found["together_rss_mib"] = tree_rss_mib(process.pid)
+        # peer: two single-model servers of ours sharing the cores (one process per model, as TEI recommends)
+        embed_port, rerank_port = free_port(), free_port()
+        embed_url, rerank_url = f"http://127.0.0.1:{embed_port}", f"http://127.0.0.1:{rerank_port}"
+        with serving(ours({"embed": models["embed"]}, embed_port, extra), embed_url, START_S), \
+                serving(ours({"rerank": models["rerank"]}, rerank_port, extra), rerank_url, START_S):
+            rows["two_servers"].append(asdict(mixed_load(embed_url, "embed@", rerank_url, "rerank@", texts,
+                                                         token_counts, seconds, flood, processes, args.rerank_rate)))
+        print(f"round {round_number + 1}: " + "; ".join(f"{row}: {found_rows[-1]}" for row, found_rows in rows.items()),
+              file=sys.stderr, flush=True)
+    found["rounds"] = rows
+    found.update({row: median_row(found_rows) for row, found_rows in rows.items()})
     if "infinity" not in args.skip and args.infinity:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -224,6 +237,12 @@ def measure(args, work: Path) -> dict:
                                                   args.rerank_rate))
         print(f"infinity: {found['infinity']}", file=sys.stderr, flush=True)
     return found
+
+
+def median_row(rows: list[dict]) -> dict:
+    """Each figure's median over the rounds (None where a row has none)."""
+    return {key: (float(np.median([row[key] for row in rows])) if rows[0][key] is not None else None)
+            for key in rows[0]}
 
 
 def verdicts(found: dict) -> list[str]:
@@ -254,6 +273,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.serving.several_models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20.0, help="seconds of each mixed-load row")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each row of ours, in turns (medians)")
     parser.add_argument("--clients", type=int, default=64, help="embedder clients of the flood")
     parser.add_argument("--sentences", type=int, default=8, help="sentences per embedder request")
     parser.add_argument("--client-processes", type=int, default=2)
@@ -267,7 +287,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seconds, args.clients, args.sentences, args.client_processes = 2.0, 4, 2, 1
+        args.seconds, args.clients, args.sentences, args.client_processes, args.rounds = 2.0, 4, 2, 1, 1
     with tempfile.TemporaryDirectory(prefix="several-models-") as scratch:
         found = measure(args, Path(scratch))
     found["verdicts"] = verdicts(found)
