@@ -75,8 +75,9 @@ async def drive(target: str, texts: list[str], streams: int, depth: int, duratio
 
 
 def drive_processes(target: str, texts: list[str], streams: int, depth: int, duration: float,
-                    processes: int = 2) -> tuple[list[float], int, float, int]:
-    """As `drive`, with the streams split over `processes` child processes; seconds is the longest child's."""
+                    processes: int = 2, cpu_s: list[float] | None = None) -> tuple[list[float], int, float, int]:
+    """As `drive`, with the streams split over `processes` child processes; seconds is the longest child's. `cpu_s`,
+    when given, gets the children's own CPU seconds over the load (their start-up not counted) appended."""
     processes = max(1, min(processes, streams))
     with tempfile.TemporaryDirectory(prefix="bench-grpc-load-") as scratch:
         job = Path(scratch) / "job.json"
@@ -90,6 +91,8 @@ def drive_processes(target: str, texts: list[str], streams: int, depth: int, dur
         if any(child.returncode for child in children):
             raise RuntimeError(f"a gRPC load process failed (exit codes {[c.returncode for c in children]})")
         parts = [json.loads(result_path(job, k).read_text()) for k in range(processes)]
+    if cpu_s is not None:
+        cpu_s.append(sum(p["cpu_s"] for p in parts))
     return ([x for p in parts for x in p["latencies"]], sum(p["answered"] for p in parts),
             max(p["seconds"] for p in parts), max(p["width"] for p in parts))
 
@@ -98,10 +101,12 @@ def _child(job_path: str, index: int, processes: int) -> None:
     job = json.loads(Path(job_path).read_text())
     mine = len(range(index, job["streams"], processes))
     wait_for_start(Path(job_path), index)
+    started = time.process_time()  # every thread of this process (grpc's own too), from the start of the load
     latencies, answered, seconds, width = run_loop(drive(job["target"], job["texts"], mine, job["depth"],
                                                          job["duration"], first=index, stride=job["streams"]))
     result_path(Path(job_path), index).write_text(json.dumps({"latencies": latencies, "answered": answered,
-                                                             "seconds": seconds, "width": width}))
+                                                             "seconds": seconds, "width": width,
+                                                             "cpu_s": time.process_time() - started}))
 
 
 if __name__ == "__main__":

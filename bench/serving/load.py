@@ -110,9 +110,11 @@ async def drive(url: str, texts: list[str], concurrency: int, duration: float, t
 
 
 def drive_processes(url: str, texts: list[str], concurrency: int, duration: float, token_counts: dict[str, int],
-                    request: str = "encode", inputs_per_request: int = 1, processes: int = 2):
+                    request: str = "encode", inputs_per_request: int = 1, processes: int = 2,
+                    cpu_s: list[float] | None = None):
     """As `drive`, with the clients split over `processes` child processes (`request` names one: request_maker).
-    Returns the same (latencies, sequences, tokens, seconds), merged; seconds is the longest child's."""
+    Returns the same (latencies, sequences, tokens, seconds), merged; seconds is the longest child's. `cpu_s`, when
+    given, gets the children's own CPU seconds over the load (their start-up not counted) appended."""
     processes = max(1, min(processes, concurrency))
     with tempfile.TemporaryDirectory(prefix="bench-load-") as scratch:
         job = Path(scratch) / "job.json"
@@ -127,6 +129,8 @@ def drive_processes(url: str, texts: list[str], concurrency: int, duration: floa
         if any(child.returncode for child in children):
             raise RuntimeError(f"a load-generator process failed (exit codes {[c.returncode for c in children]})")
         parts = [json.loads(result_path(job, k).read_text()) for k in range(processes)]
+    if cpu_s is not None:
+        cpu_s.append(sum(p["cpu_s"] for p in parts))
     return ([latency for part in parts for latency in part["latencies"]], sum(p["sequences"] for p in parts),
             sum(p["tokens"] for p in parts), max(p["seconds"] for p in parts))
 
@@ -185,6 +189,7 @@ def _child(job_path: str, index: int, processes: int) -> None:
     job = json.loads(Path(job_path).read_text())
     mine = len(range(index, job["concurrency"], processes))
     wait_for_start(Path(job_path), index)  # every child starts at once
+    started = time.process_time()  # every thread of this process, from the start of the load
 
     async def clients():
         # client k of this child is client index + k * processes overall; `stride` spreads the inputs
@@ -196,7 +201,8 @@ def _child(job_path: str, index: int, processes: int) -> None:
     results = run_loop(clients())
     result_path(Path(job_path), index).write_text(json.dumps({
         "latencies": [x for r in results for x in r[0]], "sequences": sum(r[1] for r in results),
-        "tokens": sum(r[2] for r in results), "seconds": max(r[3] for r in results)}))
+        "tokens": sum(r[2] for r in results), "seconds": max(r[3] for r in results),
+        "cpu_s": time.process_time() - started}))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def test_grpc_against_http_measures_both_protocols(tmp_path):
     for run in found["runs"]:
         assert run["sentences_per_s"] > 0 and run["server_cpu_ms_per_sentence"] > 0
         assert run["frontend_cpu_ms_per_sentence"] > 0  # --workers 1: the front end is told apart
+        assert run["clients_cpu_ms_per_sentence"] > 0  # the load generators' own CPU, apart from the server's
     assert found["throughput_grpc_over_http"] > 0 and "gRPC / HTTP:" in result.stdout
 
 

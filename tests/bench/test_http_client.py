@@ -110,8 +110,13 @@ def test_the_load_generator_stops_at_the_first_error(url):
 
 
 def test_the_clients_of_several_processes_are_counted_together(url):
-    latencies, sequences, _, seconds = drive_processes(url, ["a"], 3, 0.3, {"a": 1}, "live", 0, processes=2)
+    cpu_s: list[float] = []
+    latencies, sequences, _, seconds = drive_processes(url, ["a"], 3, 0.3, {"a": 1}, "live", 0, processes=2,
+                                                       cpu_s=cpu_s)
     assert len(latencies) >= 3 and sequences == 0 and seconds >= 0.3  # every client answered at least once
+    # Both children's own CPU over the load: some, and less than two processes could spend in its wall time (their
+    # start-up, an interpreter and its imports each, is not counted).
+    assert len(cpu_s) == 1 and 0 < cpu_s[0] < 2 * (seconds + 0.5)
 
 
 def test_a_load_process_that_fails_fails_the_run(url):
