@@ -71,6 +71,13 @@ def ask(batcher: Batcher, sink: Collected, tag, tokens: int, count: int = 1) -> 
     batcher.submit([Item(batcher.name, tokens) for _ in range(count)], Ticket(time.monotonic() + 60, count, sink, tag=tag))
 
 
+def answered(sink: Collected, tag, within_s: float = 10.0) -> None:
+    """Wait until the request `tag` is answered (or `within_s` has passed: the caller's assertion then says so)."""
+    deadline = time.monotonic() + within_s
+    while tag not in sink.done and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def test_a_request_to_a_quiet_model_waits_one_batch_not_the_flood():
     device, batchers, log = device_with({"flooded": 1.0, "quiet": 1.0})
     sink = Collected()
@@ -80,9 +87,7 @@ def test_a_request_to_a_quiet_model_waits_one_batch_not_the_flood():
         time.sleep(5 * BATCH_S)  # the flood is on the device
         asked = time.monotonic()
         ask(batchers["quiet"], sink, "quiet", 16)
-        deadline = time.monotonic() + 10
-        while "quiet" not in sink.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        answered(sink, "quiet")
         waited = sink.done["quiet"] - asked
         flood_left = sum(1 for n in range(200) if ("flood", n) not in sink.done)
     finally:
@@ -151,9 +156,7 @@ def test_every_batch_of_the_request_that_wakes_a_model_goes_before_the_flood():
             ask(batchers["flooded"], sink, ("flood", n), 16, count=4)
         time.sleep(5 * BATCH_S)
         ask(batchers["quiet"], sink, "quiet", 16, count=8)  # 8 x 16 tokens: two batches of the 64-token budget
-        deadline = time.monotonic() + 10
-        while "quiet" not in sink.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        answered(sink, "quiet")
     finally:
         stop(device, batchers)
     order = [model for model, _, _ in log]
@@ -173,9 +176,7 @@ def express_case(express: int) -> tuple[float, list]:
         time.sleep(0.05)  # the flood's first batch is on the runner
         asked = time.monotonic()
         ask(batchers["quiet"], sink, "quiet", 16)
-        deadline = time.monotonic() + 10
-        while "quiet" not in sink.done and time.monotonic() < deadline:
-            time.sleep(0.001)
+        answered(sink, "quiet")
         waited = sink.done["quiet"] - asked
     finally:
         stop(device, batchers)
