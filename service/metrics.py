@@ -54,6 +54,10 @@ class Metrics:
         self.batch_splits = Counter("bert_batch_splits", "Batches split in two after running out of device memory.",
                                     ["model"], registry=r)
         self.tokens_real = Counter("bert_tokens_real", "Real (non-padding) tokens computed.", ["model"], registry=r)
+        self.express_batches = Counter("bert_express_batches",
+                                       "Batches of a request that woke its idle model, run on an express runner while "
+                                       "every runner computed another model's (several models on a CPU, "
+                                       "--express-lane).", ["model"], registry=r)
         self.tokens_padded = Counter("bert_tokens_padded",
                                      "Tokens in attention's padded layout (the token-wise layers see real tokens only).",
                                      ["model"], registry=r)
@@ -95,6 +99,7 @@ class ModelMetrics:
         self.queue_seconds = metrics.queue_seconds.labels(model=name)
         self.tokenize_seconds = metrics.tokenize_seconds.labels(model=name)
         self.batch_splits = metrics.batch_splits.labels(model=name)
+        self.express_batches = metrics.express_batches.labels(model=name)
         self.items_dropped = _ByReason(metrics.items_dropped, name)
         self._metrics = metrics
         self._batch = [getattr(metrics, series).labels(model=name) for series in (

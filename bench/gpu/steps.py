@@ -81,10 +81,11 @@ PY_SPY_RATE = 100  # samples per second per thread
 
 def several_models(work: Path, dry_run: bool, duration: float) -> dict:
     """bench.serving.several_models on this machine: three models in one server against each alone and against two
-    single-model servers, its targets' lines beside the figures (Infinity is not on a GPU machine)."""
+    single-model servers, its targets' lines beside the figures (Infinity is not on a GPU machine); one round of each
+    row, within the step's time in the run's budget (a GPU host is not shared, so its rows drift less)."""
     found = work / "several-models.json"
     command = [sys.executable, "-m", "bench.serving.several_models", "--skip", "infinity", "--json", str(found),
-               *(["--quick"] if dry_run else ["--seconds", str(max(4.0, 3 * duration)),
+               *(["--quick"] if dry_run else ["--seconds", str(max(4.0, 3 * duration)), "--rounds", "1",
                                               "--client-processes", str(min(8, max(2, (os.cpu_count() or 4) // 2)))])]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if result.returncode != 0:

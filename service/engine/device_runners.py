@@ -47,6 +47,7 @@ class Batcher(Protocol):
     running: int  # its batches taken and not yet done with, on runners and express runners
     express_running: int  # those of them on express runners
     express_tokens: int  # tokens of the request that woke it still to be taken (module docstring)
+    metrics: Any  # its series (service.metrics.ModelMetrics)
     progress_at: float
 
     def has_work(self) -> bool: ...
@@ -185,6 +186,7 @@ class DeviceRunners:
                 self._wake_other_preparers(queue)
                 chosen, batch = queue.take_prepared()
                 queue.express_running += 1
+            queue.metrics.express_batches.inc()
             try:
                 queue.run_batch(chosen, batch)
             finally:

@@ -49,11 +49,11 @@ class Collected:
             self.done[ticket.tag] = time.monotonic()
 
 
-def device_with(weights: dict[str, float], runners: int = 1, express: int = 0):
+def device_with(weights: dict[str, float], runners: int = 1, express: int = 0, metrics: Metrics | None = None):
     log, lock = [], threading.Lock()
     device = DeviceRunners(runners, express=express)
     policy = BatchPolicy(max_batch_tokens=64, max_batch_size=4, max_queue_items=100_000, runners=runners)
-    batchers = {name: Batcher(Timed(log, lock), policy, Metrics(), device=device, name=name, weight=weight)
+    batchers = {name: Batcher(Timed(log, lock), policy, metrics or Metrics(), device=device, name=name, weight=weight)
                 for name, weight in weights.items()}
     for batcher in batchers.values():
         batcher.start()
@@ -164,11 +164,12 @@ def test_every_batch_of_the_request_that_wakes_a_model_goes_before_the_flood():
     assert order[first:first + 2] == ["quiet", "quiet"], order[first - 2:first + 4]
 
 
-def express_case(express: int) -> tuple[float, list]:
+def express_case(express: int) -> tuple[float, str]:
     """A woken model's one-batch request while the flooded model's long batch (0.4 s) is on the only runner: how
-    long it took, and the device's log."""
+    long it took, and the metrics after."""
     SLOW["flooded"] = 0.4
-    device, batchers, log = device_with({"flooded": 1.0, "quiet": 1.0}, express=express)
+    metrics = Metrics()
+    device, batchers, log = device_with({"flooded": 1.0, "quiet": 1.0}, express=express, metrics=metrics)
     sink = Collected()
     try:
         for n in range(6):
@@ -181,16 +182,18 @@ def express_case(express: int) -> tuple[float, list]:
     finally:
         stop(device, batchers)
         SLOW.clear()
-    return waited, log
+    return waited, metrics.render().decode()
 
 
 def test_an_express_runner_serves_a_woken_model_while_the_runner_computes_another_models_batch():
-    waited, _ = express_case(express=1)
+    waited, metrics = express_case(express=1)
     assert waited < 0.2, f"waited {waited:.3f} s"  # its own batch (0.01 s), not the 0.35 s left of the flood's
+    assert 'bert_express_batches_total{model="quiet"} 1.0' in metrics  # operators see it on /metrics
+    assert 'bert_express_batches_total{model="flooded"} 0.0' in metrics
 
 
 def test_without_express_runners_the_woken_model_waits_for_the_batch_on_the_runner():
-    waited, _ = express_case(express=0)  # the same case, the rule off: the test above can fail
+    waited, _metrics = express_case(express=0)  # the same case, the rule off: the test above can fail
     assert waited > 0.25, f"waited {waited:.3f} s"
 
 
