@@ -175,7 +175,7 @@ class Batcher:
             if self._stopping and not self._queue:
                 return None
             if self.prepared is None and self._queue:
-                idle = sum(q.running - q.express_running for q in self.device.queues) < self.device.runners
+                idle = self.device.runners_busy() < self.device.runners
                 short = self._queued_tokens < policy.max_batch_tokens // 2 and \
                     len(self._queue) < policy.max_batch_size
                 waited = time.monotonic() - self._queue[0].enqueued_at

@@ -131,8 +131,11 @@ class DeviceRunners:
         queue = self._next_prepared()
         if queue is None or queue.express_tokens <= 0:
             return None
-        on_runners = sum(q.running - q.express_running for q in self.queues)
-        return queue if on_runners >= self.runners else None
+        return queue if self.runners_busy() >= self.runners else None
+
+    def runners_busy(self) -> int:
+        """Batches on the runners now, every model's (those on express runners not counted)."""
+        return sum(q.running - q.express_running for q in self.queues)
 
     def _may_pick(self) -> Batcher | None:
         """A model whose queue an idle runner picks from itself (its preparer idle), the earliest clock first."""

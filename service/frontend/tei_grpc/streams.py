@@ -22,7 +22,6 @@ from service.logs import CURRENT_REQUEST
 from service.tracing import TraceContext
 
 
-
 class GrpcFrontEnd(Protocol):
     """What the streams need of the gRPC server (service.frontend.tei_grpc.server.GrpcFrontEnd, which imports this
     module: a Protocol here rather than an import back)."""
