@@ -66,7 +66,7 @@ static Buffers carve(const Int8Layer *layer, int64_t rows, int64_t longest, int6
                      int64_t *size) {
     const int64_t hidden = layer->heads * layer->head_dim, inner = layer->expand.out_features;
     const int64_t widest_in = hidden > inner ? hidden : inner, widest_out = 3 * hidden > inner ? 3 * hidden : inner;
-    const int64_t attention_floats = (layer->head_dim + 1) * ((longest + LANES - 1) / LANES * LANES);
+    const int64_t attention_floats = attention_scratch_floats(layer->head_dim, longest);
     const int64_t chunk = rows < CHUNK_ROWS ? rows : CHUNK_ROWS;
     Buffers b;
     /* whole cache lines apart, so that no two threads write the same line */

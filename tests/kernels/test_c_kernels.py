@@ -107,6 +107,8 @@ def packed_qkv(lengths: list[int], heads: int, head_dim: int, seed: int = 0) -> 
 @needs_attention
 @pytest.mark.parametrize("heads, head_dim, lengths", [
     (12, 32, [34]), (4, 16, [1]), (4, 16, [1, 2, 15, 16, 17, 33]), (2, 64, [96, 5]), (12, 32, [40, 40, 40]),
+    # blocks of 8 query rows, then 4, 2 and 1 (7, 23), and the longest the kernel takes
+    (4, 16, [7, 23, 8, 9]), (2, 64, [150, 301]), (12, 32, [attention.MAX_LENGTH]),
 ])
 def test_attention_kernel_matches_sdpa_sequence_by_sequence(heads, head_dim, lengths):
     qkv, packing = packed_qkv(lengths, heads, head_dim)

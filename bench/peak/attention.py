@@ -1,0 +1,58 @@
+"""The C attention kernel (kernels/c/attention.c) against torch's attention, one SDPA call per sequence (what
+model.attention runs without the kernel), on packed float32 query | key | value rows of random values:
+
+    python -m bench.peak.attention                       # 12 heads of 32 (all-MiniLM-L6-v2), 1 and 2 threads
+    python -m bench.peak.attention --heads 12 --head-dim 64
+
+Each row: sequences of one length, the fastest of 5 calls after a warm-up, the arithmetic done a second (QK^T and
+the weighted sum, 4 x length^2 x head width a sequence) and the largest difference between the two answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from kernels import attention, int8_reference
+
+
+def fastest_ms(call, repeats: int = 5) -> float:
+    call()
+    found = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        found.append(time.perf_counter() - started)
+    return min(found) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args()
+    kernel = attention.kernel()
+    if kernel is None:
+        raise SystemExit(f"no C attention kernel here: {attention.why_not()}")
+    heads, head_dim = args.heads, args.head_dim
+    print(f"{heads} heads of {head_dim}\n\n| threads | tokens x sequences | C ms | GFLOP/s | torch ms | C / torch | "
+          f"largest difference |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for length, count in ((32, 128), (96, 64), (150, 64), (256, 32), (512, 16)):
+            spans = [(index * length, length) for index in range(count)]
+            qkv = torch.randn(count * length, 3 * heads * head_dim, generator=torch.Generator().manual_seed(0))
+            mine = fastest_ms(lambda: kernel.attend_spans(qkv, spans, heads, head_dim))
+            torchs = fastest_ms(lambda: int8_reference.sdpa_each(qkv, spans, heads, head_dim))
+            difference = (kernel.attend_spans(qkv, spans, heads, head_dim)
+                          - int8_reference.sdpa_each(qkv, spans, heads, head_dim)).abs().max()
+            flops = 4 * count * heads * head_dim * length * length
+            print(f"| {threads} | {length} x {count} | {mine:.2f} | {flops / mine / 1e6:.0f} | {torchs:.2f} | "
+                  f"{mine / torchs:.2f} | {difference:.1e} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
