@@ -24,7 +24,7 @@ from pathlib import Path
 # (category, the frame-name prefixes that put a sample in it), searched in this order from the innermost frame out.
 CATEGORIES = (
     ("int8 products (VNNI)", ("rows_times_blocks", "products_share", "matmul_blocked")),
-    ("attention (float32)", ("attention_share", "attend_packed")),
+    ("attention (float32)", ("attention_share", "attend_packed", "attend_head")),
     ("quantize rows", ("quantize_rows",)),
     ("residual + LayerNorm", ("residual_norm_rows",)),
     ("dequantize + GELU (inlined in int8_layer)", ("int8_layer",)),
