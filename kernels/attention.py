@@ -1,5 +1,5 @@
-"""Attention for packed sequences of up to 512 tokens on CPUs with AVX-512 (`kernels/c/attention.c`), where torch's CPU attention
-costs several times its arithmetic.
+"""Attention for packed sequences of up to 512 tokens on CPUs with AVX-512 (`kernels/c/attention.c`), where torch's
+CPU attention costs several times its arithmetic.
 
 Built and loaded at first use (`kernels.loading`), then checked against `F.scaled_dot_product_attention` on sequences
 of several lengths (within 1e-4; the two differ in summation order and in exp). `kernel()` is None where it cannot

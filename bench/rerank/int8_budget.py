@@ -9,8 +9,8 @@ pooled embedding. Each row quantizes one part of the encoder and leaves the rest
 model: the served scheme itself (`kernels.quantize`, the code `--dtype int8` runs), then that scheme's rounding
 simulated in float32 on the weights alone, on the Linear layers' inputs alone, on the feed-forward output layer's input
 alone (GELU's output, 1,536 wide), and on every input but that one; the served scheme with that layer kept in float32,
-and bfloat16 throughout. The real encoders are also timed on the 64 passages as one padded batch, in process. Queries and documents are itemised as the
-service does (service.frontend.colbert_inputs); the scores are MaxSim sums.
+and bfloat16 throughout. The real encoders are also timed on the 64 passages as one padded batch, in process. Queries
+and documents are itemised as the service does (service.frontend.colbert_inputs); the scores are MaxSim sums.
 
 The first line printed is the float32 reference's spacing: the smallest and the median score difference between
 neighbours in a query's ranking. Keeping a whole ranking needs every score's error under the smallest.

@@ -134,9 +134,9 @@ static void attend_head(const float *qkv, int64_t start, int64_t length, int64_t
 /* Thread `me` of `team`'s share of attention over `count` sequences (rows starts[s] .. starts[s] + lengths[s] - 1 of
  * qkv) and every head: a run of (sequence, head) pairs, with `scratch` of its own. Never inlined, so that a profile
  * of the int8 layer (bench/peak/where_time_goes.py) tells its attention from the rest of its body. */
-static __attribute__((noinline)) void attention_share(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count,
-                            int64_t heads, int64_t head_dim, float scale, float *out, float *scratch, int64_t me,
-                            int64_t team) {
+static __attribute__((noinline)) void attention_share(const float *qkv, const int64_t *starts, const int64_t *lengths,
+                                                     int64_t count, int64_t heads, int64_t head_dim, float scale,
+                                                     float *out, float *scratch, int64_t me, int64_t team) {
     const int64_t pairs = count * heads;
     for (int64_t pair = pairs * me / team; pair < pairs * (me + 1) / team; pair++)
         attend_head(qkv, starts[pair / heads], lengths[pair / heads], pair % heads, heads, head_dim, scale, out,
