@@ -11,21 +11,11 @@ the weighted sum, 4 x length^2 x head width a sequence) and the largest differen
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from bench.timing import best_ms
 from kernels import attention, int8_reference
-
-
-def fastest_ms(call, repeats: int = 5) -> float:
-    call()
-    found = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        found.append(time.perf_counter() - started)
-    return min(found) * 1000
 
 
 def main() -> None:
@@ -45,8 +35,8 @@ def main() -> None:
         for length, count in ((32, 128), (96, 64), (150, 64), (256, 32), (512, 16)):
             spans = [(index * length, length) for index in range(count)]
             qkv = torch.randn(count * length, 3 * heads * head_dim, generator=torch.Generator().manual_seed(0))
-            mine = fastest_ms(lambda: kernel.attend_spans(qkv, spans, heads, head_dim))
-            torchs = fastest_ms(lambda: int8_reference.sdpa_each(qkv, spans, heads, head_dim))
+            mine = best_ms(lambda: kernel.attend_spans(qkv, spans, heads, head_dim), 5, warm_ups=1)
+            torchs = best_ms(lambda: int8_reference.sdpa_each(qkv, spans, heads, head_dim), 5, warm_ups=1)
             difference = (kernel.attend_spans(qkv, spans, heads, head_dim)
                           - int8_reference.sdpa_each(qkv, spans, heads, head_dim)).abs().max()
             flops = 4 * count * heads * head_dim * length * length

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from torch import nn
 
 from bench.rerank import checkpoints, texts
 from bench.rerank.exactness import kendall_tau
+from bench.timing import best_ms
 from devkit.paths import REPO_ROOT
 from kernels.quantize import calibrate, quantize, smoothing
 from model.checkpoint import load_checkpoint
@@ -65,12 +65,7 @@ def batch_ms(model, made: list, repeats: int = 3) -> float:
     longest = max(len(item) for item in made)
     ids = torch.tensor([item.input_ids + [0] * (longest - len(item)) for item in made])
     mask = torch.tensor([[1] * len(item) + [0] * (longest - len(item)) for item in made])
-    found = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        model.bert(ids, torch.zeros_like(ids), mask)
-        found.append(time.perf_counter() - started)
-    return min(found[1:]) * 1000
+    return best_ms(lambda: model.bert(ids, torch.zeros_like(ids), mask), repeats, warm_ups=1)
 
 
 def maxsim(queries: list[np.ndarray], documents: list[np.ndarray]) -> np.ndarray:

@@ -17,7 +17,6 @@ import asyncio
 import base64
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +25,10 @@ import orjson
 from devkit.server import start_service
 from bench.serving.load import drive
 from bench.serving.throughput import count_tokens, sentences
+from bench.timing import best_ms
 from service.frontend.frontdoor import EncodeOutput
 from service.frontend.outputs import encode_result
 from service.settings import DEFAULT_CHECKPOINT
-
-
-def best_ms(function, repeats: int = 20) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return min(times) * 1000
 
 
 def in_process(checkpoint: Path, texts: list[str]) -> list[dict]:
