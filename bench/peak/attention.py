@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from bench.timing import best_ms
+from bench.serving.timing import best_ms
 from kernels import attention, int8_reference
 
 

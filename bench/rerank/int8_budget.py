@@ -29,7 +29,7 @@ from torch import nn
 
 from bench.rerank import checkpoints, texts
 from bench.rerank.exactness import kendall_tau
-from bench.timing import best_ms
+from bench.serving.timing import best_ms
 from devkit.paths import REPO_ROOT
 from kernels.quantize import calibrate, quantize, smoothing
 from model.checkpoint import load_checkpoint

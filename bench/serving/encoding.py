@@ -25,7 +25,7 @@ import orjson
 from devkit.server import start_service
 from bench.serving.load import drive
 from bench.serving.throughput import count_tokens, sentences
-from bench.timing import best_ms
+from bench.serving.timing import best_ms
 from service.frontend.frontdoor import EncodeOutput
 from service.frontend.outputs import encode_result
 from service.settings import DEFAULT_CHECKPOINT

@@ -1,4 +1,5 @@
-"""Timing a call in process, for the benchmarks that time one function at a time."""
+"""Timing a call in process, for the benchmarks that time one function at a time (serving's encoding, peak's attention,
+rerank's int8 budget)."""
 
 from __future__ import annotations
 
