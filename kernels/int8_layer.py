@@ -33,7 +33,7 @@ SOURCE_NAME = "int8_layer.c"
 class _Dense(ctypes.Structure):
     _fields_ = [("blocked", ctypes.c_void_p), ("correction", ctypes.c_void_p), ("input_scale", ctypes.c_void_p),
                 ("weight_scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("in_features", ctypes.c_int64),
-                ("out_features", ctypes.c_int64)]
+                ("out_features", ctypes.c_int64), ("input_bits", ctypes.c_int64)]
 
 
 class _Layer(ctypes.Structure):
@@ -50,12 +50,15 @@ def int8_denses(layer: BertLayer) -> tuple[Int8Linear, Int8Linear, Int8Linear, I
 
 
 def fusable(layer: BertLayer) -> bool:
-    """Whether `layer`'s parts are the int8 ones the C layer computes, with weights in the VNNI kernel's layout."""
+    """Whether `layer`'s parts are the int8 ones the C layer computes, with weights in the VNNI kernel's layout: int8
+    inputs throughout, but for the feed-forward output layer's, which may be 12-bit."""
     parts = (layer.attention.self.fused_qkv, layer.attention.output, layer.intermediate, layer.output)
     if not (isinstance(parts[0], Int8Linear) and isinstance(parts[1], Int8ResidualNorm)
             and isinstance(parts[2], Int8GeluIntermediate) and isinstance(parts[3], Int8ResidualNorm)):
         return False
-    return all(dense.blocked is not None for dense in int8_denses(layer)) and \
+    denses = int8_denses(layer)
+    return all(dense.blocked is not None for dense in denses) and \
+        all(dense.input_bits == 8 for dense in denses[:3]) and \
         attention.Kernel.fits(layer.attention.self.head_dim)
 
 
@@ -90,7 +93,8 @@ class LayerWeights:
     def _dense(self, constants: int8_reference.Dense, blocked: int8_products.BlockedWeights) -> _Dense:
         return _Dense(self._pointer(blocked.blocked), self._pointer(blocked.correction),
                       self._pointer(constants.input_scale), self._pointer(constants.weight_scale),
-                      self._pointer(constants.bias), constants.in_features, constants.out_features)
+                      self._pointer(constants.bias), constants.in_features, constants.out_features,
+                      constants.input_bits)
 
 
 class Kernel:
@@ -157,9 +161,9 @@ class Int8FusedLayer(BertLayer):
         return super().forward(x, attn_mask, keep)
 
 
-def random_int8_layer(config: BertConfig, generator: torch.Generator) -> BertLayer:
+def random_int8_layer(config: BertConfig, generator: torch.Generator, contract_input_bits: int = 8) -> BertLayer:
     """A BertLayer of `config` with random parameters drawn from `generator` (the global RNG untouched), made of the
-    int8 parts the C layer computes."""
+    int8 parts the C layer computes; its feed-forward output layer's input quantized to `contract_input_bits`."""
     with torch.device("meta"):  # built without drawing from torch's global generator
         layer = BertLayer(config)
     layer = layer.to_empty(device="cpu").eval()
@@ -172,16 +176,17 @@ def random_int8_layer(config: BertConfig, generator: torch.Generator) -> BertLay
     self_attention = layer.attention.self
     self_attention.fused_qkv = Int8Linear.fused([self_attention.query, self_attention.key, self_attention.value])
     self_attention.query = self_attention.key = self_attention.value = None
-    for parent, name in ((layer.attention.output, "dense"), (layer.intermediate, "dense"), (layer.output, "dense")):
+    for parent, name in ((layer.attention.output, "dense"), (layer.intermediate, "dense")):
         setattr(parent, name, Int8Linear.from_linear(getattr(parent, name)))
+    layer.output.dense = Int8Linear.from_linear(layer.output.dense, input_bits=contract_input_bits)
     fuse_int8_steps(layer, exact_gelu=config.hidden_act == "gelu")
     return layer
 
 
 def _check(candidate: Kernel) -> None:
-    """The C layer against the reference formulas with the attention kernel's attention, on a small random int8
-    layer (4 heads of 16; five sequences of 1-130 tokens, 236 rows: two chunks of the row-wise steps), on one thread
-    and on three: equal bit for bit."""
+    """The C layer against the reference formulas with the attention kernel's attention, on small random int8
+    layers (4 heads of 16; five sequences of 1-130 tokens, 236 rows: two chunks of the row-wise steps; the
+    feed-forward output layer's input 8-bit and 12-bit), on one thread and on three: equal bit for bit."""
     attention_kernel = attention.kernel()
     if int8_products.kernel() is None or attention_kernel is None:
         raise KernelUnavailable(f"the int8 layer needs the VNNI and attention kernels: "
@@ -189,18 +194,20 @@ def _check(candidate: Kernel) -> None:
     generator = torch.Generator().manual_seed(0)
     config = BertConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                         intermediate_size=128, max_position_embeddings=160)
-    layer = random_int8_layer(config, generator)
-    if not fusable(layer):
-        raise KernelUnavailable("the int8 layer's parts are not the ones it computes")
     packing = Packing.from_lengths([40, 1, 130, 5, 60])
     x = torch.randn(int(packing.lengths.sum()), config.hidden_size, generator=generator) * 2
-    expected = int8_reference.layer_forward(layer_constants(layer), x, packing.spans, attention_kernel.attend_spans)
-    weights = LayerWeights(layer)
-    for threads in (1, 3):
-        got = candidate.run(weights, x, packing, threads)
-        if not torch.equal(got, expected):
-            raise KernelUnavailable(f"the int8 layer differs from the reference formulas by "
-                                    f"{float((got - expected).abs().max()):.3g} on {threads} thread(s)")
+    for bits in int8_reference.INPUT_BITS:
+        layer = random_int8_layer(config, generator, contract_input_bits=bits)
+        if not fusable(layer):
+            raise KernelUnavailable("the int8 layer's parts are not the ones it computes")
+        expected = int8_reference.layer_forward(layer_constants(layer), x, packing.spans, attention_kernel.attend_spans)
+        weights = LayerWeights(layer)
+        for threads in (1, 3):
+            got = candidate.run(weights, x, packing, threads)
+            if not torch.equal(got, expected):
+                raise KernelUnavailable(f"the int8 layer ({bits}-bit feed-forward output inputs) differs from the "
+                                        f"reference formulas by {float((got - expected).abs().max()):.3g} on "
+                                        f"{threads} thread(s)")
 
 
 # The kernel, built and checked at the first call (None where it cannot run); why_not() says why not.

@@ -41,10 +41,17 @@ class Int8Linear(nn.Module):
 
     The float constants (scales, bias) are plain attributes, not buffers, so that casting the model to
     bfloat16 for the layers around this one leaves them exact. `blocked` is the weights in the VNNI kernel's
-    layout, where that kernel runs (None elsewhere)."""
+    layout, where that kernel runs (None elsewhere).
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smoothing: torch.Tensor | None = None):
+    `input_bits` 12 quantizes the input to 12 bits (held in int16) instead of 8, the weights staying int8: each
+    product then runs as two int8 products, of the value's high and low parts (`int8_products.twelve_bit_products`),
+    at twice the cost and exactly."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smoothing: torch.Tensor | None = None,
+                 input_bits: int = 8):
         super().__init__()
+        int8_reference.steps(input_bits)  # refuses what it is not
+        self.input_bits = input_bits
         weight = weight.detach().float()
         if smoothing is not None:
             weight = weight * smoothing[None, :]
@@ -79,8 +86,8 @@ class Int8Linear(nn.Module):
             self.blocked = None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, smoothing: torch.Tensor | None = None) -> Int8Linear:
-        return cls(linear.weight, linear.bias, smoothing)
+    def from_linear(cls, linear: nn.Linear, smoothing: torch.Tensor | None = None, input_bits: int = 8) -> Int8Linear:
+        return cls(linear.weight, linear.bias, smoothing, input_bits)
 
     @classmethod
     def fused(cls, linears: list[nn.Linear], smoothing: torch.Tensor | None = None) -> Int8Linear:
@@ -91,21 +98,26 @@ class Int8Linear(nn.Module):
 
     def constants(self) -> int8_reference.Dense:
         """What this layer computes with, as the reference formulas and the C layer take it."""
-        return int8_reference.Dense(self.weight_t, self.weight_scale, self.bias, self.input_scale)
+        return int8_reference.Dense(self.weight_t, self.weight_scale, self.bias, self.input_scale, self.input_bits)
 
     def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         return self.from_quantized(x if isinstance(x, QuantizedRows) else self.quantize_input(x))
 
     def quantize_input(self, x: torch.Tensor) -> QuantizedRows:
         """x (..., in) -> its rows smoothed and quantized, as this layer's product wants them."""
-        return int8_rows.quantize_rows(x, self.input_scale_array)
+        return int8_rows.quantize_rows(x, self.input_scale_array, self.input_bits)
 
     def products(self, x: QuantizedRows) -> torch.Tensor:
         """The int32 products of quantized rows and the int8 weights: (rows, out) from the VNNI kernel where it
-        runs, else `_int_mm`'s, whose input is padded with zero rows as it wants."""
+        runs, else `_int_mm`'s, whose input is padded with zero rows as it wants; 12-bit rows as two such products."""
+        values = x.values[:x.rows] if self.blocked is not None else x.values
+        if values.dtype != torch.int8:
+            return int8_products.twelve_bit_products(values, self._int8_products)
+        return self._int8_products(values)
+
+    def _int8_products(self, values: torch.Tensor) -> torch.Tensor:
         if self.blocked is not None:
-            return self.vnni.matmul(x.values[:x.rows], self.blocked)
-        values = x.values
+            return self.vnni.matmul(values, self.blocked)
         if values.shape[0] < MIN_ROWS:
             values = torch.cat([values, values.new_zeros(MIN_ROWS - values.shape[0], values.shape[1])])
         return torch._int_mm(values, self.weight_t)
@@ -121,7 +133,9 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         smooth = ", smoothed" if self.smoothed else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per token x per channel{smooth}"
+        inputs = "int8" if self.input_bits == 8 else f"{self.input_bits}-bit"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {inputs} per token x int8 per "
+                f"channel{smooth}")
 
 
 class Int8GeluIntermediate(nn.Module):
@@ -135,6 +149,7 @@ class Int8GeluIntermediate(nn.Module):
         self.dense = dense
         self.reader_input_scale = reader.input_scale  # a plain attribute: stays float32 (see Int8Linear)
         self.reader_input_scale_array = self.reader_input_scale.numpy()
+        self.reader_input_bits = reader.input_bits
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -144,7 +159,8 @@ class Int8GeluIntermediate(nn.Module):
         dense = self.dense
         rows = dense.quantize_input(x)
         return int8_rows.dequantize_gelu_quantize(dense.products(rows), rows, dense.weight_scale_array,
-                                                  dense.bias_array, self.reader_input_scale_array)
+                                                  dense.bias_array, self.reader_input_scale_array,
+                                                  self.reader_input_bits)
 
 
 class Int8ResidualNorm(nn.Module):

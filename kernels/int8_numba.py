@@ -43,8 +43,9 @@ if AVAILABLE:
             return njit(**_JIT)(function)
 
     @_compiled
-    def _quantize_buffer(buffer, values_row):
-        """Quantize one float32 row (already smoothed) into `values_row`; returns its scale."""
+    def _quantize_buffer(buffer, values_row, steps):
+        """Quantize one float32 row (already smoothed) to `steps` a side (float32: 127 for int8, 2,047 for 12 bits)
+        into `values_row` (int8, or int16 for 12 bits); returns its scale."""
         bits = buffer.view(np.int32)
         largest = np.int32(0)
         for j in range(buffer.shape[0]):
@@ -52,18 +53,19 @@ if AVAILABLE:
         # Back to a float through a one-element array: a scratch array made once per call and passed in
         # measured slower.
         top = max(np.array([largest], np.int32).view(np.float32)[0], np.float32(1e-8))
-        to_int = np.float32(127.0) / top
+        to_int = steps / top
         for j in range(buffer.shape[0]):
             v = buffer[j] * to_int
-            values_row[j] = np.int8(v + (np.float32(0.5) if v >= 0 else np.float32(-0.5)))
-        return top / np.float32(127.0)
+            # (truncated to an int32, then narrowed: exact, the value fits the row's type)
+            values_row[j] = np.int32(v + (np.float32(0.5) if v >= 0 else np.float32(-0.5)))
+        return top / steps
 
     @_compiled
-    def quantize_rows(x, input_scale, values, scale, buffer):
+    def quantize_rows(x, input_scale, values, scale, buffer, steps):
         for i in range(x.shape[0]):
             for j in range(x.shape[1]):
                 buffer[j] = x[i, j] * input_scale[j]
-            scale[i] = _quantize_buffer(buffer, values[i])
+            scale[i] = _quantize_buffer(buffer, values[i], steps)
 
     @_compiled
     def dequantize(products, row_scale, column_scale, bias, out):
@@ -73,7 +75,8 @@ if AVAILABLE:
                 out[i, j] = np.float32(products[i, j]) * (r * column_scale[j]) + bias[j]
 
     @_compiled
-    def dequantize_gelu_quantize(products, row_scale, column_scale, bias, next_input_scale, values, scale, buffer):
+    def dequantize_gelu_quantize(products, row_scale, column_scale, bias, next_input_scale, values, scale, buffer,
+                                 steps):
         for i in range(row_scale.shape[0]):
             r = row_scale[i]
             for j in range(products.shape[1]):
@@ -87,7 +90,7 @@ if AVAILABLE:
                 p8 = p4 * p4
                 erf = np.float32(1.0) - np.float32(1.0) / (p8 * p8)
                 buffer[j] = np.float32(0.5) * (v + abs(v) * erf) * next_input_scale[j]
-            scale[i] = _quantize_buffer(buffer, values[i])
+            scale[i] = _quantize_buffer(buffer, values[i], steps)
 
     @_compiled
     def _row_sum(row):

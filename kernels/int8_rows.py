@@ -20,9 +20,9 @@ MIN_ROWS = 17  # torch._int_mm wants more than 16 rows; numba's quantized rows c
 
 @dataclass
 class QuantizedRows:
-    """An activation quantized per row: `values` (at least rows, cols) int8, `scale` (rows,) float32 with
-    activation ~= values * scale[:, None]; `shape` the leading dims it came in with; `dtype` its type. Rows of
-    `values` past `rows` are zero."""
+    """An activation quantized per row: `values` (at least rows, cols) int8, or int16 holding 12 bits, `scale`
+    (rows,) float32 with activation ~= values * scale[:, None]; `shape` the leading dims it came in with; `dtype` its
+    type. Rows of `values` past `rows` are zero."""
 
     values: torch.Tensor
     scale: torch.Tensor
@@ -45,22 +45,23 @@ def _tensor(vector: Vector) -> torch.Tensor:
     return torch.from_numpy(vector) if isinstance(vector, np.ndarray) else vector
 
 
-def _int8_rows(rows: int, cols: int) -> torch.Tensor:
+def _value_rows(rows: int, cols: int, bits: int) -> torch.Tensor:
+    dtype = int8_reference.values_dtype(bits)
     if rows < MIN_ROWS:
-        return torch.zeros(MIN_ROWS, cols, dtype=torch.int8)  # the padding rows must be zero (they are multiplied)
-    return torch.empty(rows, cols, dtype=torch.int8)
+        return torch.zeros(MIN_ROWS, cols, dtype=dtype)  # the padding rows must be zero (they are multiplied)
+    return torch.empty(rows, cols, dtype=dtype)
 
 
-def quantize_rows(x: torch.Tensor, input_scale: Vector) -> QuantizedRows:
-    """x (..., cols) float32 or bfloat16 -> int8 rows of x * input_scale, one scale per row."""
+def quantize_rows(x: torch.Tensor, input_scale: Vector, bits: int = 8) -> QuantizedRows:
+    """x (..., cols) float32 or bfloat16 -> `bits`-bit rows of x * input_scale, one scale per row."""
     flat = x.detach().reshape(-1, x.shape[-1]).float().contiguous()  # int8 layers are inference-only
     if not USE_NUMBA:
-        values, scale = int8_reference.quantize_rows(flat, _tensor(input_scale))
+        values, scale = int8_reference.quantize_rows(flat, _tensor(input_scale), bits)
         return QuantizedRows(values, scale, tuple(x.shape[:-1]), x.dtype)
     rows, cols = flat.shape
-    values, scale = _int8_rows(rows, cols), torch.empty(rows)
+    values, scale = _value_rows(rows, cols, bits), torch.empty(rows)
     int8_numba.quantize_rows(flat.numpy(), _array(input_scale), values.numpy(), scale.numpy(),
-                             np.empty(cols, np.float32))
+                             np.empty(cols, np.float32), np.float32(int8_reference.steps(bits)))
     return QuantizedRows(values, scale, tuple(x.shape[:-1]), x.dtype)
 
 
@@ -74,18 +75,19 @@ def dequantize(products: torch.Tensor, rows: QuantizedRows, column_scale: Vector
 
 
 def dequantize_gelu_quantize(products: torch.Tensor, rows: QuantizedRows, column_scale: Vector, bias: Vector,
-                             next_input_scale: Vector) -> QuantizedRows:
-    """GELU(dequantized products + bias), quantized per row for the next int8 layer (times its input scale),
-    without writing the float activation anywhere."""
+                             next_input_scale: Vector, next_input_bits: int = 8) -> QuantizedRows:
+    """GELU(dequantized products + bias), quantized per row for the next int8 layer (times its input scale, to its
+    input's bits), without writing the float activation anywhere."""
     if not USE_NUMBA:
         values, scale = int8_reference.dequantize_gelu_quantize(products, rows.scale, _tensor(column_scale),
-                                                                _tensor(bias), _tensor(next_input_scale))
+                                                                _tensor(bias), _tensor(next_input_scale),
+                                                                next_input_bits)
         return QuantizedRows(values, scale, rows.shape, rows.dtype)
     count, cols = rows.rows, products.shape[1]
-    values, scale = _int8_rows(count, cols), torch.empty(count)
+    values, scale = _value_rows(count, cols, next_input_bits), torch.empty(count)
     int8_numba.dequantize_gelu_quantize(products.numpy(), rows.scale.numpy(), _array(column_scale), _array(bias),
                                         _array(next_input_scale), values.numpy(), scale.numpy(),
-                                        np.empty(cols, np.float32))
+                                        np.empty(cols, np.float32), np.float32(int8_reference.steps(next_input_bits)))
     return QuantizedRows(values, scale, rows.shape, rows.dtype)
 
 

@@ -6,10 +6,11 @@ reduced precision (BENCHMARKS.md, "Reranking"):
 
 A ColBERT is judged per token vector, where int8's rounding does not average out over a sentence as it does in one
 pooled embedding. Each row quantizes one part of the encoder and leaves the rest in float32, on the benchmark's PyLate
-model: the served scheme itself (`kernels.quantize`, the code `--dtype int8` runs), then that scheme's rounding
-simulated in float32 on the weights alone, on the Linear layers' inputs alone, on the feed-forward output layer's input
-alone (GELU's output, 1,536 wide), and on every input but that one; the served scheme with that layer kept in float32,
-and bfloat16 throughout. The real encoders are also timed on the 64 passages as one padded batch, in process. Queries
+model: the served scheme itself (`kernels.quantize` as `--dtype int8` runs it on a ColBERT: the feed-forward output
+layer's input in 12 bits, smoothed less), the same with that layer smoothed as the others, the same with every input
+in 8 bits (what an embedder gets); then the 8-bit scheme's rounding simulated in float32 on the weights alone, on the
+Linear layers' inputs alone, on the feed-forward output layer's input alone (GELU's output, 1,536 wide), and on every
+input but that one; the 8-bit scheme with that layer kept in float32, and bfloat16 throughout. The real encoders are also timed on the 64 passages as one padded batch, in process. Queries
 and documents are itemised as the service does (service.frontend.colbert_inputs); the scores are MaxSim sums.
 
 The first line printed is the float32 reference's spacing: the smallest and the median score difference between
@@ -33,7 +34,8 @@ from bench.serving.timing import best_ms
 from devkit.paths import REPO_ROOT
 from kernels.quantize import calibrate, quantize, smoothing
 from model.checkpoint import load_checkpoint
-from service.engine.precision import CALIBRATION_TEXT, INT8_ALPHA, INT8_SCHEME
+from service.engine.precision import CALIBRATION_TEXT, INT8_ALPHA, INT8_SCHEME, LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA, \
+    LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS
 from service.frontend.colbert_inputs import ColbertTokens, colbert_inputs
 
 
@@ -122,7 +124,15 @@ def main() -> None:
     stats = calibrate(copy.deepcopy(base), batches)
     ffn_out = tuple(f"layer.{i}.output.dense" for i in range(checkpoint.config.num_hidden_layers))
     rows = [
-        ("int8 as served", lambda: quantize(copy.deepcopy(base), INT8_SCHEME, stats, alpha=INT8_ALPHA), True),
+        (f"int8 as served (feed-forward output's input {LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS}-bit, alpha "
+         f"{LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA} there)",
+         lambda: quantize(copy.deepcopy(base), INT8_SCHEME, stats, alpha=INT8_ALPHA,
+                          feed_forward_output_bits=LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS,
+                          feed_forward_output_alpha=LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA), True),
+        (f"int8, that input {LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS}-bit, alpha {INT8_ALPHA} throughout",
+         lambda: quantize(copy.deepcopy(base), INT8_SCHEME, stats, alpha=INT8_ALPHA,
+                          feed_forward_output_bits=LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS), False),
+        ("int8, every input 8-bit", lambda: quantize(copy.deepcopy(base), INT8_SCHEME, stats, alpha=INT8_ALPHA), True),
         ("simulated: weights only", lambda: simulated(base, stats, True, "none"), False),
         ("simulated: every Linear's input only", lambda: simulated(base, stats, False, "all"), False),
         ("simulated: feed-forward output's input only", lambda: simulated(base, stats, False, "ffn-out"), False),

@@ -10,6 +10,10 @@
  *   quantize h                       -> products -> dequantize + bias, GELU, quantize (smoothed for the next)
  *                                    -> products -> dequantize + bias + residual h, LayerNorm -> out
  *
+ * The feed-forward output layer's input may be quantized to 12 bits (its `input_bits`; the others' are int8): each
+ * value v is then written as its high and low parts, v = 16 high + low (high -128..127, low 0..15), and the product
+ * runs twice, once for each part, combined as 16 p_high + p_low: the exact 12-bit product, at twice the cost.
+ *
  * Row-wise steps split the rows between the threads, products their column blocks, attention its (sequence, head)
  * pairs; a barrier separates the steps. Every step but attention runs over chunks of CHUNK_ROWS rows. Every row-wise
  * step is kernels/int8_reference.py's formula, operation for operation (built with -ffp-contract=off, so no
@@ -32,6 +36,7 @@ typedef struct {
     const int32_t *correction;
     const float *input_scale, *weight_scale, *bias;
     int64_t in_features, out_features;
+    int64_t input_bits; /* 8, or 12 (the feed-forward output layer only) */
 } Int8Dense;
 
 typedef struct {
@@ -50,9 +55,11 @@ typedef struct {
 /* The buffers of one call, carved out of one workspace (64-byte aligned pieces): whole-batch ones for attention's
  * input and output, a chunk's worth for the rest. */
 typedef struct {
-    int8_t *quantized;   /* chunk x max(hidden, intermediate) */
+    int8_t *quantized;   /* chunk x max(hidden, intermediate); a 12-bit input's high parts */
+    int8_t *low;         /* chunk x intermediate: a 12-bit input's low parts */
     float *row_scale;    /* chunk */
     int32_t *products;   /* chunk x max(3 hidden, intermediate) */
+    int32_t *low_products; /* chunk x hidden: the low parts' */
     float *middle;       /* chunk x hidden: the attention sublayer's output */
     float *qkv;          /* rows x 3 hidden */
     float *attended;     /* rows x hidden */
@@ -75,8 +82,10 @@ static Buffers carve(const Int8Layer *layer, int64_t rows, int64_t longest, int6
 #define PIECE(field, type, count) \
     b.field = (type *)(workspace ? workspace + offset : 0); offset += round_up((int64_t)sizeof(type) * (count));
     PIECE(quantized, int8_t, chunk * widest_in)
+    PIECE(low, int8_t, chunk * inner)
     PIECE(row_scale, float, chunk)
     PIECE(products, int32_t, chunk * widest_out)
+    PIECE(low_products, int32_t, chunk * hidden)
     PIECE(middle, float, chunk * hidden)
     PIECE(qkv, float, rows * 3 * hidden)
     PIECE(attended, float, rows * hidden)
@@ -93,10 +102,9 @@ int64_t int8_layer_workspace(const Int8Layer *layer, int64_t rows, int64_t longe
     return size;
 }
 
-/* Quantizes buffer[0 .. cols - 1] (already smoothed) into values; returns the row's scale. The largest |v| is taken
- * on the floats' bits with the sign cleared (integer order is float order for finite non-negative floats), as the
- * numba kernel does. */
-static float quantize_buffer(const float *restrict buffer, int64_t cols, int8_t *restrict values) {
+/* The largest |buffer[j]|, at least 1e-8. Taken on the floats' bits with the sign cleared (integer order is float
+ * order for finite non-negative floats), as the numba kernel does. */
+static float row_top(const float *restrict buffer, int64_t cols) {
     const int32_t *restrict bits = (const int32_t *)buffer;
     int32_t largest = 0;
     for (int64_t j = 0; j < cols; j++) {
@@ -105,13 +113,30 @@ static float quantize_buffer(const float *restrict buffer, int64_t cols, int8_t 
     }
     float top;
     memcpy(&top, &largest, 4);
-    top = top > 1e-8f ? top : 1e-8f;
-    const float to_int = 127.0f / top;
+    return top > 1e-8f ? top : 1e-8f;
+}
+
+/* Quantizes buffer[0 .. cols - 1] (already smoothed) into int8 values; returns the row's scale. */
+static float quantize_buffer(const float *restrict buffer, int64_t cols, int8_t *restrict values) {
+    const float top = row_top(buffer, cols), to_int = 127.0f / top;
     for (int64_t j = 0; j < cols; j++) {
         const float v = buffer[j] * to_int;
         values[j] = (int8_t)(v + (v >= 0.0f ? 0.5f : -0.5f));
     }
     return top / 127.0f;
+}
+
+/* The same to 12 bits (2,047 steps a side), each value written as its high and low parts; returns the scale. */
+static float quantize_buffer_12_bits(const float *restrict buffer, int64_t cols, int8_t *restrict high,
+                                     int8_t *restrict low) {
+    const float top = row_top(buffer, cols), to_int = 2047.0f / top;
+    for (int64_t j = 0; j < cols; j++) {
+        const float v = buffer[j] * to_int;
+        const int32_t q = (int32_t)(v + (v >= 0.0f ? 0.5f : -0.5f));
+        high[j] = (int8_t)(q >> 4);  /* an arithmetic shift: floor(q / 16) */
+        low[j] = (int8_t)(q & 15);
+    }
+    return top / 2047.0f;
 }
 
 static void quantize_rows(const float *restrict x, int64_t first, int64_t last, const float *restrict input_scale,
@@ -136,11 +161,12 @@ static void dequantize_rows(const int32_t *restrict products, int64_t first, int
 }
 
 /* GELU(dequantized + bias), times the next layer's input scale, quantized per row into values / row_scale (in
- * place: each row's scale is read before it is overwritten). */
+ * place: each row's scale is read before it is overwritten); to 12 bits where `low` is given, the high parts into
+ * values and the low ones into low. */
 static void gelu_quantize_rows(const int32_t *restrict products, int64_t first, int64_t last,
                                float *restrict row_scale, const Int8Dense *dense,
                                const float *restrict next_input_scale, float *restrict buffer,
-                               int8_t *restrict values) {
+                               int8_t *restrict values, int8_t *restrict low) {
     const int64_t cols = dense->out_features;
     const float *restrict weight_scale = dense->weight_scale, *restrict bias = dense->bias;
     for (int64_t i = first; i < last; i++) {
@@ -155,8 +181,15 @@ static void gelu_quantize_rows(const int32_t *restrict products, int64_t first, 
             const float erf = 1.0f - 1.0f / (p8 * p8);
             buffer[j] = 0.5f * (v + fabsf(v) * erf) * next_input_scale[j];
         }
-        row_scale[i] = quantize_buffer(buffer, cols, values + i * cols);
+        row_scale[i] = low ? quantize_buffer_12_bits(buffer, cols, values + i * cols, low + i * cols)
+                           : quantize_buffer(buffer, cols, values + i * cols);
     }
+}
+
+/* products = 16 products + low_products, rows first .. last - 1: a 12-bit input's product from its parts'. */
+static void combine_rows(int32_t *restrict products, const int32_t *restrict low_products, int64_t first,
+                         int64_t last, int64_t cols) {
+    for (int64_t j = first * cols; j < last * cols; j++) products[j] = products[j] * 16 + low_products[j];
 }
 
 /* LayerNorm(dequantized + bias + residual). Sums in double, eight independent partial sums (so the compiler keeps
@@ -200,6 +233,7 @@ void int8_layer(const Int8Layer *layer, const float *x, int64_t rows, const int6
     const Buffers b = carve(layer, rows, longest, threads, workspace, &size);
     const int64_t hidden = layer->heads * layer->head_dim, inner = layer->expand.out_features;
     const float scale = (float)(1.0 / sqrt((double)layer->head_dim));  /* as kernels/attention.py passes it */
+    const int twelve_bits = layer->contract.input_bits == 12;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         const int64_t me = omp_get_thread_num(), team = omp_get_num_threads();
@@ -238,11 +272,15 @@ void int8_layer(const Int8Layer *layer, const float *x, int64_t rows, const int6
                            b.products, me, team);
 #pragma omp barrier
             gelu_quantize_rows(b.products, first, last, b.row_scale, &layer->expand, layer->contract.input_scale,
-                               mine, b.quantized);
+                               mine, b.quantized, twelve_bits ? b.low : 0);
 #pragma omp barrier
             products_share(b.quantized, n, inner, layer->contract.blocked, layer->contract.correction, hidden,
                            b.products, me, team);
+            if (twelve_bits)
+                products_share(b.low, n, inner, layer->contract.blocked, layer->contract.correction, hidden,
+                               b.low_products, me, team);
 #pragma omp barrier
+            if (twelve_bits) combine_rows(b.products, b.low_products, first, last, hidden);
             residual_norm_rows(b.products, first, last, b.row_scale, &layer->contract, b.middle,
                                layer->norm2_weight, layer->norm2_bias, layer->norm2_eps, out + start * hidden);
 #pragma omp barrier

@@ -27,7 +27,7 @@ from service.engine.engine import Engine
 from service.engine.graph_check import check_graph
 from service.engine.graphs import EncoderGraphs
 from service.engine.options import EngineOptions
-from service.engine.precision import Precision, PrecisionError, choose, prepare_model
+from service.engine.precision import Precision, PrecisionError, choose, for_model, prepare_model
 from service.engine.precision_probe import choose_auto_on_cpu
 from service.messages import ModelFacts
 from service.metrics import ModelMetrics
@@ -74,7 +74,9 @@ class StartedEngine:
 
 
 def build_engine(checkpoint: Checkpoint, device: torch.device, precision: Precision, engine_factory=Engine) -> Engine:
-    """The engine for `checkpoint` on `device` in `precision` (int8 quantizes, after calibration)."""
+    """The engine for `checkpoint` on `device` in `precision` as it applies to this model (`for_model`; int8
+    quantizes, after calibration)."""
+    precision = for_model(precision, checkpoint.late_interaction is not None)
     return engine_factory(prepare_model(checkpoint.model, precision, checkpoint.tokenizer), device, precision.dtype)
 
 
@@ -156,6 +158,7 @@ def start_engine(options: EngineOptions, metrics: ModelMetrics | None = None, en
                            f"length ({tokenizer.model_max_length}); a long input could never be scheduled")
     if options.dtype == "auto" and device.type == "cpu":
         precision = choose_auto_on_cpu(checkpoint)  # bfloat16 where native and faithful to float32, else float32
+    precision = for_model(precision, checkpoint.late_interaction is not None)
     engine = build_engine(checkpoint, device, precision, engine_factory or Engine)
     runners = plan_compute(options.concurrent_batches, device)  # sets the threads each runner computes with
     if options.warmup:

@@ -13,7 +13,11 @@
   (BENCHMARKS.md). On CPUs with AVX512-VNNI and a C compiler each encoder layer runs as one C call
   (`kernels.int8_layer`); elsewhere as modules, their steps in numba's kernels or torch, their products in the
   VNNI kernel or torch._int_mm: the same bits in every case but attention's (`kernels.int8_path`). /info says
-  which runs.
+  which runs. In a late-interaction (ColBERT) model the feed-forward output layers' inputs are quantized to 12 bits
+  instead of 8 (`for_model`): its answers are one vector per token, where int8's rounding does not average out over
+  a sentence as in a pooled embedding, and that input (GELU's output, the intermediate size wide) carries the largest
+  part of the error. With inputs that fine those layers take less smoothing (alpha 0.4), which leaves their weights
+  easier to round (BENCHMARKS.md, "Reranking": mean cosine to float32's 0.9964 with 8 bits there, 0.9992 so).
 
 On a CPU, at every precision, attention for short sequences runs in `kernels.attention`'s C kernel where the CPU
 has AVX-512: `prepare_model` installs it into the model.
@@ -36,6 +40,8 @@ from model.tokenizer import WordPieceTokenizer
 log = logging.getLogger("service")
 INT8_SCHEME = "per-token-smooth"
 INT8_ALPHA = 0.65
+LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS = 12
+LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA = 0.4  # the middle of 0.3-0.5, where the vectors' cosine is level
 CALIBRATION_TEXT = Path(__file__).with_name("data") / "calibration.txt"
 
 
@@ -48,6 +54,7 @@ class Precision:
     name: str  # what /info shows
     dtype: torch.dtype  # of weights and activations outside int8 layers
     reason: str = ""  # how --dtype auto came to it (/info's dtype_reason); empty for an explicit --dtype
+    feed_forward_output_bits: int = 8  # int8: what the feed-forward output layers' inputs are quantized to
 
     @property
     def is_int8(self) -> bool:
@@ -61,11 +68,9 @@ def choose(choice: str, device: torch.device) -> Precision:
                                  "--dtype auto (bfloat16) or float16")
         from kernels import int8_layer, int8_path  # here, not at the top: only int8 pays for building its kernels
 
-        path = int8_path.describe()
         if int8_layer.kernel() is None:
-            log.warning("--dtype int8: %s (slower than one C call a layer)", path)
-        return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers; float32 elsewhere; "
-                         f"{path})", torch.float32)
+            log.warning("--dtype int8: %s (slower than one C call a layer)", int8_path.describe())
+        return _int8(feed_forward_output_bits=8)
     if choice == "auto":
         if device.type != "cuda":  # the start-up decides on a CPU, with the model (precision_probe)
             return Precision("float32", torch.float32)
@@ -76,6 +81,24 @@ def choose(choice: str, device: torch.device) -> Precision:
         log.warning("--dtype bfloat16: this CPU has no native bfloat16 (AVX512-BF16 or AMX); it will be emulated "
                     "and slower than float32")
     return Precision(choice, getattr(torch, choice))
+
+
+def _int8(feed_forward_output_bits: int) -> Precision:
+    from kernels import int8_path
+
+    inputs = "" if feed_forward_output_bits == 8 else \
+        f", the feed-forward output layers' inputs {feed_forward_output_bits}-bit (alpha " \
+        f"{LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA})"
+    return Precision(f"int8 ({INT8_SCHEME}, alpha {INT8_ALPHA}; encoder Linear layers{inputs}; float32 elsewhere; "
+                     f"{int8_path.describe()})", torch.float32, feed_forward_output_bits=feed_forward_output_bits)
+
+
+def for_model(precision: Precision, late_interaction: bool) -> Precision:
+    """The precision as it applies to a model: int8 on a late-interaction model quantizes the feed-forward output
+    layers' inputs to 12 bits (see the module's text); everything else as chosen."""
+    if not precision.is_int8 or not late_interaction:
+        return precision
+    return _int8(LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS)
 
 
 def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: WordPieceTokenizer) -> BertForPreTraining:
@@ -90,4 +113,7 @@ def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: Wo
     batches = [(torch.tensor([e.ids]), torch.tensor([e.type_ids])) for e in tokenizer.encode_batch(sentences, truncate=True)]
     model = model.float().eval()
     stats = calibrate(model, batches)
-    return quantize(model, INT8_SCHEME, stats, alpha=INT8_ALPHA)
+    twelve_bits = precision.feed_forward_output_bits == LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS
+    return quantize(model, INT8_SCHEME, stats, alpha=INT8_ALPHA,
+                    feed_forward_output_bits=precision.feed_forward_output_bits,
+                    feed_forward_output_alpha=LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA if twelve_bits else None)

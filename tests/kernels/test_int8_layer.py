@@ -24,10 +24,11 @@ LAYER = int8_layer.kernel()
 pytestmark = pytest.mark.skipif(LAYER is None, reason=f"no int8 layer kernel here: {int8_layer.why_not()}")
 
 
-def int8_model(tokenizer, monkeypatch=None, fused: bool = True):
+def int8_model(tokenizer, monkeypatch=None, fused: bool = True, bits: int = 8):
+    """`bits`: the feed-forward output layers' inputs' (8, or 12 as a late-interaction model's)."""
     if not fused:
         monkeypatch.setattr(int8_layer, "kernel", lambda: None)
-    return quantize(random_model(tokenizer.vocab_size), "per-token")
+    return quantize(random_model(tokenizer.vocab_size), "per-token", feed_forward_output_bits=bits)
 
 
 def packed_input(lengths: list[int], hidden: int = 64, seed: int = 0) -> tuple[torch.Tensor, Packing]:
@@ -53,8 +54,10 @@ def test_quantize_fuses_every_layer_and_keeps_the_parameter_names(tokenizer, mon
 @pytest.mark.parametrize("lengths", [[1], [34], [40, 1, 17, 5], [attention.MAX_LENGTH + 30, 2],
                                      [120, 90, 3]])  # the last: two chunks of rows, a sequence across their boundary
 @pytest.mark.parametrize("count", [1, 3])
-def test_the_c_layer_gives_the_reference_bits_and_the_modules_bits(tokenizer, threads, lengths, count):
-    layer = int8_model(tokenizer).bert.encoder.layer[0]
+@pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
+def test_the_c_layer_gives_the_reference_bits_and_the_modules_bits(tokenizer, threads, lengths, count, bits):
+    layer = int8_model(tokenizer, bits=bits).bert.encoder.layer[0]
+    assert isinstance(layer, int8_layer.Int8FusedLayer) and layer.output.dense.input_bits == bits
     x, packing = packed_input(lengths)
     threads(count)
     with torch.inference_mode():
@@ -74,8 +77,9 @@ def test_the_c_layer_gives_the_reference_bits_and_the_modules_bits(tokenizer, th
     assert (got - with_torch_attention).abs().median() < 1e-5
 
 
-def test_several_threads_and_batching_change_no_bit(tokenizer, threads):
-    layer = int8_model(tokenizer).bert.encoder.layer[0]
+@pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
+def test_several_threads_and_batching_change_no_bit(tokenizer, threads, bits):
+    layer = int8_model(tokenizer, bits=bits).bert.encoder.layer[0]
     lengths = [30, 1, 17, 120, 5, 100, 64]  # 337 rows: two chunks
     x, packing = packed_input(lengths, seed=1)
     with torch.inference_mode():
@@ -89,20 +93,22 @@ def test_several_threads_and_batching_change_no_bit(tokenizer, threads):
             assert torch.equal(single, alone[start:start + length])
 
 
-def test_a_whole_int8_model_gives_the_embeddings_of_its_modules(tokenizer, monkeypatch):
-    fused = int8_model(tokenizer)
+@pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
+def test_a_whole_int8_model_gives_the_embeddings_of_its_modules(tokenizer, monkeypatch, bits):
+    fused = int8_model(tokenizer, bits=bits)
     ids = torch.randint(5, tokenizer.vocab_size, (60,), generator=torch.Generator().manual_seed(3))
     packing = Packing.from_lengths([25, 9, 26])
     with torch.inference_mode():
         got, _ = fused.encode_packed(ids, torch.zeros_like(ids), packing, for_heads=False)
-        plain = int8_model(tokenizer, monkeypatch, fused=False)
+        plain = int8_model(tokenizer, monkeypatch, fused=False, bits=bits)
         expected, _ = plain.encode_packed(ids, torch.zeros_like(ids), packing, for_heads=False)
     assert torch.equal(got, expected)  # short sequences: the same attention kernel, the same formulas
 
 
 @pytest.mark.parametrize("case", ["selected rows", "bfloat16", "padded input", "gradients"])
-def test_the_modules_take_what_the_c_layer_does_not(tokenizer, monkeypatch, case):
-    layer = int8_model(tokenizer).bert.encoder.layer[1]
+@pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
+def test_the_modules_take_what_the_c_layer_does_not(tokenizer, monkeypatch, case, bits):
+    layer = int8_model(tokenizer, bits=bits).bert.encoder.layer[1]
 
     def refuse(*args):
         raise AssertionError("the C layer was called")

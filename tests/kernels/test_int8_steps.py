@@ -18,11 +18,11 @@ from tests.conftest import random_model
 needs_numba = pytest.mark.skipif(not int8_numba.AVAILABLE, reason="numba is not installed")
 
 
-def textbook_quantize(x: torch.Tensor, input_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain per-row recipe: round(x s / (max|x s| / 127)), scale max|x s| / 127."""
+def textbook_quantize(x: torch.Tensor, input_scale: torch.Tensor, steps: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain per-row recipe: round(x s / (max|x s| / steps)), scale max|x s| / steps."""
     smoothed = x.float() * input_scale
-    scale = smoothed.abs().amax(1).clamp(min=1e-8) / 127
-    return torch.round(smoothed / scale[:, None]).to(torch.int8), scale
+    scale = smoothed.abs().amax(1).clamp(min=1e-8) / steps
+    return torch.round(smoothed / scale[:, None]).to(torch.int16), scale
 
 
 def uneven_rows(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -41,6 +41,21 @@ def test_the_reference_quantization_is_the_textbook_recipe_rounding_half_away_fr
     assert (values != want_values).float().mean() < 0.001 and not values[7].any()
     ties = int8_reference.quantize_smoothed(torch.tensor([[127.0, 0.5, -0.5, 1.5, -2.5, 0.0]]))[0]
     assert ties.tolist() == [[127, 1, -1, 2, -3, 0]]  # half away from zero (torch.round would give 0, -0, 2, -2)
+
+
+def test_twelve_bit_quantization_is_the_same_recipe_with_2047_steps_and_16_times_finer():
+    x, s = uneven_rows(40, 96, seed=0), torch.rand(96, generator=torch.Generator().manual_seed(1)) + 0.5
+    values, scale = int8_reference.quantize_rows(x, s, bits=12)
+    want_values, want_scale = textbook_quantize(x, s, steps=2047)
+    assert values.dtype == torch.int16 and values.abs().max() == 2047
+    torch.testing.assert_close(scale, want_scale, rtol=1e-6, atol=0)
+    assert (values.int() - want_values.int()).abs().max() <= 1 and not values[7].any()
+    coarse_values, coarse_scale = int8_reference.quantize_rows(x, s)
+    fine_error = (values * scale[:, None] - x * s).abs().amax(1)
+    coarse_error = (coarse_values * coarse_scale[:, None] - x * s).abs().amax(1)
+    assert (fine_error <= coarse_error / 15 + 1e-12).all()  # half of a step 2047 / 127 = 16.1 times smaller
+    with pytest.raises(ValueError, match="one of"):
+        int8_reference.quantize_rows(x, s, bits=16)
 
 
 def test_the_reference_gelu_is_the_exact_gelu_even_far_out():
@@ -82,8 +97,9 @@ def steps_inputs(rows: int, cols: int, seed: int):
 
 
 @needs_numba
+@pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
 @pytest.mark.parametrize("rows, cols", [(1, 8), (5, 64), (40, 384), (33, 1536), (20, 100)])
-def test_numba_gives_the_reference_bits_at_every_step(rows, cols, monkeypatch):
+def test_numba_gives_the_reference_bits_at_every_step(rows, cols, bits, monkeypatch):
     x = uneven_rows(rows, cols, seed=rows + cols)
     s = torch.rand(cols, generator=torch.Generator().manual_seed(cols)) + 0.5
     quantized, products, column_scale, bias, generator = steps_inputs(rows, cols, seed=rows * cols)
@@ -92,12 +108,13 @@ def test_numba_gives_the_reference_bits_at_every_step(rows, cols, monkeypatch):
     results = {}
     for numba in (True, False):
         monkeypatch.setattr(int8_rows, "USE_NUMBA", numba)
-        q = int8_rows.quantize_rows(x, s)
-        g = int8_rows.dequantize_gelu_quantize(products, quantized, column_scale, bias, s[:1].expand(cols))
+        q = int8_rows.quantize_rows(x, s, bits)
+        g = int8_rows.dequantize_gelu_quantize(products, quantized, column_scale, bias, s[:1].expand(cols), bits)
         results[numba] = (q.values[:rows], q.scale, int8_rows.dequantize(products, quantized, column_scale, bias),
                           g.values[:rows], g.scale,
                           int8_rows.dequantize_residual_norm(products, quantized, column_scale, bias, residual, weight,
                                                              norm_bias, 1e-12))
+    assert results[True][0].dtype == results[True][3].dtype == int8_reference.values_dtype(bits)
     for with_numba, reference in zip(results[True], results[False]):
         assert torch.equal(with_numba, reference)
 
@@ -125,15 +142,59 @@ def test_int8_linear_computes_the_textbook_per_token_product():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_a_quantized_model_gives_the_same_bits_with_numba_and_without(monkeypatch):
+@pytest.mark.parametrize("vnni", [True, False])
+def test_twelve_bit_inputs_give_the_exact_products_as_two_int8_ones(vnni):
+    """Every value of 12 bits, the extremes included, against exact integer products, through the VNNI kernel and
+    through torch._int_mm (the high part's products are the large ones: 1,536 wide, all at the extremes)."""
+    linear = torch.nn.Linear(1536, 40)
+    layer = Int8Linear.from_linear(linear, input_bits=12)
+    if not vnni:
+        layer.blocked = None
+    elif layer.blocked is None:
+        pytest.skip("no VNNI kernel on this CPU")
+    every = torch.arange(-2047, 2048, dtype=torch.int16)
+    values = torch.cat([every[:1536], every[-1536:], torch.full((1, 1536), 2047, dtype=torch.int16)[0],
+                        torch.full((1, 1536), -2047, dtype=torch.int16)[0]]).reshape(4, 1536)
+    weight_t = layer.weight_t.clone()
+    weight_t[:, 0], weight_t[:, 1] = 127, -127  # columns whose sums reach the largest magnitudes
+    layer.weight_t.copy_(weight_t)
+    if layer.blocked is not None:
+        layer.blocked = layer.vnni.block(layer.weight_t)
+    rows = int8_rows.QuantizedRows(values, torch.ones(4), (4,), torch.float32)
+    got = layer.products(rows)[:4]
+    assert torch.equal(got.long(), values.long() @ weight_t.long())
+    assert got[2, 0] == 2047 * 127 * 1536
+
+
+@pytest.mark.parametrize("vnni", [True, False])
+def test_a_twelve_bit_int8_linear_is_the_textbook_product_and_16_times_closer_to_float(vnni):
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(96, 40)
+    layer = Int8Linear.from_linear(linear, input_bits=12)
+    if not vnni:
+        layer.blocked = None
+    x = uneven_rows(33, 96, seed=3)
+    x_scale = x.abs().amax(1, keepdim=True).clamp(min=1e-8) / 2047
+    want = (torch.round(x / x_scale) @ layer.weight_t.float()) * x_scale * layer.weight_scale + layer.bias
+    got = layer(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    with_weights_rounded = x @ (layer.weight_t.float() * layer.weight_scale) + layer.bias
+    eight_bit = Int8Linear.from_linear(linear)
+    assert (got - with_weights_rounded).abs().max() < (eight_bit(x) - with_weights_rounded).abs().max() / 8
+
+
+@pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
+def test_a_quantized_model_gives_the_same_bits_with_numba_and_without(bits, monkeypatch):
     model = random_model(300, hidden_size=64, intermediate_size=256)
     ids = torch.randint(5, 300, (6, 24), generator=torch.Generator().manual_seed(6))
     types = torch.zeros_like(ids)
     stats = calibrate(model, [(ids[i : i + 1], types[i : i + 1]) for i in range(len(ids))])
     monkeypatch.setattr("kernels.int8_layer.kernel", lambda: None)  # the modules: where numba would run
-    quantized = quantize(copy.deepcopy(model), "per-token-smooth", stats, alpha=0.65)
+    quantized = quantize(copy.deepcopy(model), "per-token-smooth", stats, alpha=0.65, feed_forward_output_bits=bits)
     assert all(isinstance(layer.intermediate, Int8GeluIntermediate) and isinstance(layer.output, Int8ResidualNorm)
                and isinstance(layer.attention.output, Int8ResidualNorm) for layer in quantized.bert.encoder.layer)
+    assert all(layer.output.dense.input_bits == bits and layer.attention.output.dense.input_bits == 8
+               for layer in quantized.bert.encoder.layer)
     outputs = []
     with torch.no_grad():
         for numba in ((True, False) if int8_numba.AVAILABLE else (False,)):

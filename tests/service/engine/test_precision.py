@@ -74,3 +74,28 @@ def test_int8_says_which_path_runs_and_warns_off_the_c_layer(monkeypatch, caplog
     assert choose("int8", torch.device("cpu")).name.endswith(
         "; layers as modules, row steps in torch (numba is not installed), torch._int_mm products: this CPU lacks "
         "avx512_vnni)")
+
+
+
+async def test_int8_on_a_colbert_quantizes_the_feed_forward_outputs_inputs_to_12_bits(tiny_colbert):
+    """Its vectors are compared one by one (MaxSim), where int8's rounding does not average out over a sentence
+    (tests/kernels has the 12-bit layers' exactness, BENCHMARKS.md the vectors' figures): /info says so, and the
+    engine built for it has those layers, the others' inputs 8-bit."""
+    from model import load_checkpoint
+    from service.engine.loader import build_engine
+
+    async with serving(tiny_colbert, dtype="int8") as client:
+        info = (await client.get("/info")).json()
+        answer = await client.post("/token-vectors", json={"inputs": TEXTS})
+    assert "the feed-forward output layers' inputs 12-bit" in info["dtype"] and answer.status_code == 200
+    cpu = torch.device("cpu")
+    engine = build_engine(load_checkpoint(tiny_colbert), cpu, choose("int8", cpu))
+    layers = engine.model.bert.encoder.layer
+    assert all(layer.output.dense.input_bits == 12 and layer.intermediate.dense.input_bits == 8 and
+               layer.attention.output.dense.input_bits == 8 for layer in layers)
+
+
+async def test_int8_on_an_embedder_keeps_8_bit_inputs_throughout(tiny_checkpoint):
+    async with serving(tiny_checkpoint, dtype="int8") as client:
+        info = (await client.get("/info")).json()
+    assert info["dtype"].startswith("int8") and "12-bit" not in info["dtype"]
