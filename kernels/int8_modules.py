@@ -51,6 +51,9 @@ class Int8Linear(nn.Module):
                  input_bits: int = 8):
         super().__init__()
         int8_reference.steps(input_bits)  # refuses what it is not
+        if input_bits == 12 and weight.shape[1] > int8_products.TWELVE_BIT_MAX_INPUTS:
+            raise ValueError(f"12-bit inputs take at most {int8_products.TWELVE_BIT_MAX_INPUTS} features (their "
+                             f"products must fit an int32), not {weight.shape[1]}")
         self.input_bits = input_bits
         weight = weight.detach().float()
         if smoothing is not None:

@@ -78,12 +78,13 @@ class Kernel:
 
 
 LOW_BITS = 4  # a 12-bit value v = 16 * high + low, high in -128..127 and low in 0..15: both int8
+TWELVE_BIT_MAX_INPUTS = 8191  # 8,191 x 128 x 128 x 16 < 2^31
 
 
 def twelve_bit_products(values: torch.Tensor, int8_products: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """(rows, k) int16 values of 12 bits (-2,047..2,047) times int8 weights, exactly, from two int8 products:
     `int8_products` maps (rows, k) int8 to their (rows, n) int32 products with the weights. The high part's products
-    are at most 1,536 x 128 x 128 in size, 16 times that fits an int32 with room to spare."""
+    are at most k x 128 x 128 in size: 16 times that fits an int32 below TWELVE_BIT_MAX_INPUTS inputs."""
     high = torch.bitwise_right_shift(values, LOW_BITS).to(torch.int8)  # an arithmetic shift: floor(v / 16)
     low = torch.bitwise_and(values, (1 << LOW_BITS) - 1).to(torch.int8)
     return int8_products(high) * (1 << LOW_BITS) + int8_products(low)

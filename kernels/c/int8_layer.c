@@ -75,6 +75,7 @@ static Buffers carve(const Int8Layer *layer, int64_t rows, int64_t longest, int6
     const int64_t widest_in = hidden > inner ? hidden : inner, widest_out = 3 * hidden > inner ? 3 * hidden : inner;
     const int64_t attention_floats = attention_scratch_floats(layer->head_dim, longest);
     const int64_t chunk = rows < CHUNK_ROWS ? rows : CHUNK_ROWS;
+    const int64_t twelve_bit_rows = layer->contract.input_bits == 12 ? chunk : 0;  /* (else no room for the parts) */
     Buffers b;
     /* whole cache lines apart, so that no two threads write the same line */
     b.per_thread_floats = ((attention_floats > widest_in ? attention_floats : widest_in) + 15) / 16 * 16 + 16;
@@ -82,10 +83,10 @@ static Buffers carve(const Int8Layer *layer, int64_t rows, int64_t longest, int6
 #define PIECE(field, type, count) \
     b.field = (type *)(workspace ? workspace + offset : 0); offset += round_up((int64_t)sizeof(type) * (count));
     PIECE(quantized, int8_t, chunk * widest_in)
-    PIECE(low, int8_t, chunk * inner)
+    PIECE(low, int8_t, twelve_bit_rows * inner)
     PIECE(row_scale, float, chunk)
     PIECE(products, int32_t, chunk * widest_out)
-    PIECE(low_products, int32_t, chunk * hidden)
+    PIECE(low_products, int32_t, twelve_bit_rows * hidden)
     PIECE(middle, float, chunk * hidden)
     PIECE(qkv, float, rows * 3 * hidden)
     PIECE(attended, float, rows * hidden)

@@ -183,6 +183,12 @@ def test_a_twelve_bit_int8_linear_is_the_textbook_product_and_16_times_closer_to
     assert (got - with_weights_rounded).abs().max() < (eight_bit(x) - with_weights_rounded).abs().max() / 8
 
 
+def test_twelve_bit_inputs_too_wide_for_int32_products_are_refused():
+    with pytest.raises(ValueError, match="at most 8191 features"):
+        Int8Linear.from_linear(torch.nn.Linear(8192, 4), input_bits=12)
+    Int8Linear.from_linear(torch.nn.Linear(8192, 4))  # 8-bit inputs: |products| <= 8192 x 128 x 128
+
+
 @pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
 def test_a_quantized_model_gives_the_same_bits_with_numba_and_without(bits, monkeypatch):
     model = random_model(300, hidden_size=64, intermediate_size=256)
