@@ -49,9 +49,9 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16", "int8"] = Field("auto", description=(
         "Number format. auto = bfloat16 on GPUs that support it, else float16; on a CPU bfloat16 where the CPU has it "
         "natively (AVX512-BF16 or AMX) and the model's answers on calibration sentences stay at float32's (checked at "
-        "start-up; /info's dtype_reason gives the figures), else float32 (exact). On CPU, bfloat16 and int8 (encoder Linear layers, per-token scales and "
-        "SmoothQuant calibrated at start-up; CPU only) trade a little fidelity for speed: see "
-        "docs/precision.md."))
+        "start-up; /info's dtype_reason gives the figures), else float32 (exact). On CPU, bfloat16 and int8 (encoder "
+        "Linear layers, per-token scales and SmoothQuant calibrated at start-up; on a ColBERT the feed-forward output "
+        "layers' inputs in 12 bits; CPU only) trade a little fidelity for speed: see docs/precision.md."))
     max_batch_tokens: int = Field(16384, ge=16, description=(
         "Token budget of one forward pass, counting padding. Larger batches raise throughput until the device "
         "saturates, and raise the latency of every item in them."))
