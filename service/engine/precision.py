@@ -17,7 +17,7 @@
   instead of 8 (`for_model`): its answers are one vector per token, where int8's rounding does not average out over
   a sentence as in a pooled embedding, and that input (GELU's output, the intermediate size wide) carries the largest
   part of the error. With inputs that fine those layers take less smoothing (alpha 0.4), which leaves their weights
-  easier to round (BENCHMARKS.md, "Reranking": mean cosine to float32's 0.9964 with 8 bits there, 0.9992 so).
+  easier to round (BENCHMARKS.md, "Reranking": mean cosine to float32's 0.9964 with 8 bits there, 0.9992 with 12).
 
 On a CPU, at every precision, attention for short sequences runs in `kernels.attention`'s C kernel where the CPU
 has AVX-512: `prepare_model` installs it into the model.
