@@ -122,11 +122,12 @@ def quantize(model: BertForPreTraining, scheme: str, stats: dict[str, torch.Tens
     targets = [(name, module) for name, module in model.bert.encoder.named_modules()
                if isinstance(module, nn.Linear) and not kept(name)]
     for name, linear in targets:
-        own_alpha = feed_forward_output_alpha if feed_forward_output_alpha is not None and \
-            is_feed_forward_output(name) else alpha
+        feed_forward_output = is_feed_forward_output(name)
+        own_alpha = feed_forward_output_alpha if feed_forward_output and feed_forward_output_alpha is not None \
+            else alpha
         s = smoothing(stats[name], linear.weight, own_alpha) if smooth else None
         if scheme.startswith("per-token"):
-            bits = feed_forward_output_bits if is_feed_forward_output(name) else 8
+            bits = feed_forward_output_bits if feed_forward_output else 8
             replacement: nn.Module = Int8Linear.from_linear(linear, s, bits)
         else:
             replacement = _torch_dynamic(linear, per_channel=scheme != "torch-dynamic", smoothing=s)

@@ -32,7 +32,7 @@ from bench.rerank import checkpoints, texts
 from bench.rerank.exactness import kendall_tau
 from bench.serving.timing import best_ms
 from devkit.paths import REPO_ROOT
-from kernels.quantize import calibrate, quantize, smoothing
+from kernels.quantize import calibrate, is_feed_forward_output, quantize, smoothing
 from model.checkpoint import load_checkpoint
 from service.engine.precision import CALIBRATION_TEXT, INT8_ALPHA, INT8_SCHEME, LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA, \
     LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS
@@ -87,7 +87,7 @@ def simulated(base, stats: dict, weights: bool, inputs: str) -> nn.Module:
     for name, linear in model.bert.encoder.named_modules():
         if not isinstance(linear, nn.Linear):
             continue
-        ffn_out = name.endswith(".output.dense") and ".attention." not in name
+        ffn_out = is_feed_forward_output(name)
         s = smoothing(stats[name], linear.weight, INT8_ALPHA)
         linear.weight.data = linear.weight.data * s[None, :]
         if weights:
