@@ -1,4 +1,5 @@
-"""Which queued entries run together: the oldest, plus neighbours of similar length (the preparer's choice).
+"""Which queued entries run together: the oldest, plus neighbours of similar length (the preparer's choice), and in
+how many batches work that finds a runner idle is split (`even_split`).
 
 A pure function of the queue and the policy, so that benchmarks and tests can call it as the preparer does.
 """
@@ -22,9 +23,11 @@ def pricing(engine: BatchEngine) -> Flops | None:
     return engine.flops if engine.pads_attention else None
 
 
-def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | None) -> list[Entry]:
+def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | None, target_tokens: int | None = None
+                 ) -> list[Entry]:
     """The oldest entry (queue[0]) plus neighbours in length order, while the batch stays within the
-    token budget, the sequence cap and the padding cap (none with `flops` None: see `pricing`).
+    token budget, the sequence cap and the padding cap (none with `flops` None: see `pricing`), and, with
+    `target_tokens` (of real input: a part of an `even_split`), while a neighbour brings the batch nearer it.
 
     Batches run packed (no padding in the token-wise layers), so padding costs only attention work:
     the cap is on the share of the batch's FLOPs spent on it, which stays near zero for short inputs
@@ -37,6 +40,8 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
     longest = real = by_length[anchor].length
     squares = longest ** 2
     size, budget, cap = len(by_length), policy.max_batch_tokens, policy.max_padding_fraction
+    # A neighbour of n tokens brings the batch nearer its target while real + n/2 <= target.
+    twice_target = 2 * target_tokens if target_tokens is not None else None
     # The loop below runs a few dozen times per batch on the preparer's thread, so it is written out: each side's
     # candidate is priced inline (one call where the model prices), and the sides compared as (share, side)
     # tuples would be, the longer side winning a tie (tests/service/engine/test_batch_choice.py holds it to that rule).
@@ -47,7 +52,7 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
         best_share = best_side = None
         if hi < size:  # the longer neighbour: it sets the new longest
             n = by_length[hi].length
-            if n * count <= budget:
+            if n * count <= budget and (twice_target is None or 2 * real + n <= twice_target):
                 share = 0.0
                 if flops is not None:
                     total, padding = flops(count, n, real + n, squares + n * n)
@@ -56,7 +61,7 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
                     best_share, best_side = share, hi
         if lo > 0:  # the shorter neighbour: the longest stays
             n = by_length[lo - 1].length
-            if longest * count <= budget:
+            if longest * count <= budget and (twice_target is None or 2 * real + n <= twice_target):
                 share = 0.0
                 if flops is not None:
                     total, padding = flops(count, longest, real + n, squares + n * n)
@@ -74,3 +79,26 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
         real += n
         squares += n * n
     return by_length[lo:hi]
+
+
+# An even split aims below the token budget by this much, so that a batch's padding (its longest input times its
+# count, which the budget bounds) still fits when the share of real tokens does.
+SPLIT_FILL = 0.9
+
+
+def even_split(queued_tokens: int, queued_entries: int, policy: BatchPolicy, runners: int, busy: int) -> int | None:
+    """How many batches the queue should go in so that it ends at about the same time on every runner, or None where
+    no split helps (one runner: a GPU; or one batch for the one idle runner).
+
+    On a CPU each runner computes its batch on its share of the cores, so a request alone on the device that fits
+    one batch leaves the other runners idle (one client sending 8 sentences a request: an even split over two
+    runners gave 1.56x the sentences/s in int8), and three batches on two runners leave one of them computing the
+    third alone. So the queue goes in as few batches as the budgets allow, rounded up until with the `busy`
+    runners' batches they make whole rounds over every runner, of equal real tokens each."""
+    if runners <= 1 or busy >= runners or queued_entries <= 1:
+        return None
+    batches = max(-(-queued_tokens // max(1, int(policy.max_batch_tokens * SPLIT_FILL))),
+                  -(-queued_entries // policy.max_batch_size))
+    batches += -(batches + busy) % runners
+    batches = min(batches, queued_entries)
+    return batches if batches > 1 else None

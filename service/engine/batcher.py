@@ -15,6 +15,10 @@ a new request's batch itself, as the preparer would: one thread hand-over to the
 preparer -> runner). Under load the preparer alone picks (its wake-up lets a batch gather company; at 16 clients x 8
 a runner picking at once made smaller batches, 0.94x the sentences/s), and with max_wait_s above 0.
 
+With several runners (a CPU, each on its share of the cores), work that finds a runner idle is split evenly over
+the runners (`batch_choice.even_split`): a request alone on the server has every core, and one larger than a batch
+ends at about the same time on each runner. Work that comes while every runner is busy is batched as it comes.
+
 `Batcher(engine, policy, metrics)` alone has runners of its own (a server of one model, the corpus job); several
 models share one device's runners (`device=`, service.engine.models).
 """
@@ -25,8 +29,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 
-from service.engine.batch_choice import choose_batch, pricing
+from service.engine.batch_choice import choose_batch, even_split, pricing
 from service.engine.batch_types import BatchEngine, BatchPolicy, PreparedBatch
 from service.engine.device_runners import DeviceRunners
 from service.engine.threads import name_os_thread
@@ -56,6 +62,8 @@ class Batcher:
         self._queued_tokens = 0
         self._earliest_deadline = float("inf")
         self._cancelled_since_scan = False
+        # An even split of the queue over the runners under way (`_choose`): [batches, real tokens] still to take.
+        self._split: list[int] | None = None
         self.prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
         self.running = 0  # batches taken by runners and not yet answered (on a GPU, up to two a runner)
         self.express_running = 0  # those of them on the device's express runners (device_runners)
@@ -181,10 +189,31 @@ class Batcher:
                 waited = time.monotonic() - self._queue[0].enqueued_at
                 # Wait for company only when the device would otherwise sit idle with a small batch.
                 if not (idle and short and waited < policy.max_wait_s and not self._stopping):
-                    return self._take(choose_batch(self._queue, policy, pricing(self.engine)))
+                    return self._choose()
                 self._cond.wait(policy.max_wait_s - waited)
                 continue
             self._cond.wait(self._next_deadline_in())
+
+    def _choose(self) -> list[Entry]:
+        """Under the lock: the next batch, taken from the queue. Work that finds a runner idle is split evenly over
+        the runners (`even_split`): each batch of the split gets an equal part of the tokens still to take in it,
+        so one that came out short (a length's padding bound it) makes the rest larger, not one more batch."""
+        if self._split is None:
+            batches = even_split(self._queued_tokens, len(self._queue), self.policy, self.device.runners,
+                                 self.device.runners_busy())
+            if batches is not None:
+                self._split = [batches, self._queued_tokens]
+        target = None
+        if self._split is not None:
+            batches, tokens = self._split
+            target = -(-tokens // batches)
+        chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine), target))
+        if self._split is not None:
+            self._split[0] -= 1
+            self._split[1] -= sum(e.length for e in chosen)
+            if self._split[0] <= 0 or self._split[1] <= 0 or not self._queue:
+                self._split = None
+        return chosen
 
     def _take(self, chosen: list[Entry]) -> list[Entry]:
         chosen_ids = {id(e) for e in chosen}
@@ -252,8 +281,8 @@ class Batcher:
         self._drop_dead_entries()
         if not self._queue:
             return []
+        chosen = self._choose()
         self.running += 1
-        chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine)))
         tokens = sum(e.length for e in chosen)
         self.clock += tokens / self.weight
         self.express_tokens -= tokens
@@ -291,20 +320,23 @@ class Batcher:
             self.metrics.queue_seconds.observe(now - entry.enqueued_at)
         return alive, batch
 
-    def run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> None:
+    def run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> Callable[[], None] | None:
+        """Compute a batch; returns the hand-back of its results, which the runner makes once it has released the
+        batch, so that a client sending its next request on this answer finds the runners free (the even split
+        then treats two requests sent one after the other alike: the same batches, the same answers bit for bit).
+        None when there is nothing to hand back (its entries are gone, or a failure was answered already)."""
         alive, batch = self._alive(chosen, batch)
-        if alive:
-            self._run_splitting(alive, batch)
+        return self._run_splitting(alive, batch) if alive else None
 
-    def _run_splitting(self, entries: list[Entry], batch: PreparedBatch) -> None:
+    def _run_splitting(self, entries: list[Entry], batch: PreparedBatch) -> Callable[[], None] | None:
         started = time.perf_counter()
         try:
             results = self.engine.run(batch)
         except Exception as exc:  # noqa: BLE001 - failures fan out to this batch's entries only
             self._recover(entries, exc)
-            return
+            return None
         self._observe(started, batch, entries)
-        self._hand_back(entries, results)
+        return partial(self._hand_back, entries, results)
 
     def launch(self, chosen: list[Entry], batch: PreparedBatch) -> LaunchedBatch | None:
         alive, batch = self._alive(chosen, batch)
@@ -336,7 +368,9 @@ class Batcher:
             self.engine.release_cached_memory()
             half = len(entries) // 2
             for part in (entries[:half], entries[half:]):
-                self._run_splitting(part, self.engine.collate([e.item for e in part]))
+                hand_back = self._run_splitting(part, self.engine.collate([e.item for e in part]))
+                if hand_back is not None:
+                    hand_back()
             return
         if out_of_memory:
             error = ServiceError("unavailable", "the input does not fit in device memory", retry_after_s=5)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from service.engine.threads import lower_thread_priority, name_os_thread
@@ -57,7 +58,7 @@ class Batcher(Protocol):
     def pick_for_runner(self) -> list: ...
     def wake_preparer(self) -> None: ...
     def collate_own(self, chosen: list) -> Any: ...
-    def run_batch(self, chosen: list, batch: Any) -> None: ...
+    def run_batch(self, chosen: list, batch: Any) -> Callable[[], None] | None: ...
     def launch(self, chosen: list, batch: Any) -> LaunchedBatch | None: ...
     def finish(self, on_device: LaunchedBatch) -> None: ...
 
@@ -159,10 +160,13 @@ class DeviceRunners:
                     batch = queue.collate_own(chosen)
                 if batch is not None:
                     if not queue.engine.overlaps:
+                        hand_back = None
                         try:
-                            queue.run_batch(chosen, batch)
+                            hand_back = queue.run_batch(chosen, batch)
                         finally:
                             self.release(queue)
+                        if hand_back is not None:
+                            hand_back()  # after the release (Batcher.run_batch says why)
                         continue
                     # The next batch goes to the device before the last one's results are read: with nothing
                     # prepared, the one in flight is finished at once (no batch waits for company that may not come).
@@ -190,10 +194,13 @@ class DeviceRunners:
                 chosen, batch = queue.take_prepared()
                 queue.express_running += 1
             queue.metrics.express_batches.inc()
+            hand_back = None
             try:
-                queue.run_batch(chosen, batch)
+                hand_back = queue.run_batch(chosen, batch)
             finally:
                 self.release(queue, express=True)
+            if hand_back is not None:
+                hand_back()
 
     def _take(self, one_on_device: bool) -> tuple[Batcher, list, object] | None:
         """(the model's queue, its entries, their prepared batch) to run next. With none on the device it waits until

@@ -1,6 +1,7 @@
 """`choose_batch` written out for speed must choose exactly what its rule, written plainly, chooses: the oldest
 entry, then step by step the neighbour in length order (shorter or longer) whose batch wastes the smaller share of
-its FLOPs on padding (the longer one on a tie), while the token budget, the size cap and the padding cap hold."""
+its FLOPs on padding (the longer one on a tie), while the token budget, the size cap and the padding cap hold, and,
+given a target of real tokens (an even split over the runners), while the neighbour brings the batch nearer it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from service.engine.batch_choice import choose_batch
 from service.engine.batcher import BatchPolicy, Entry, Ticket
 
 
-def plainly_chosen(queue: list[Entry], policy: BatchPolicy, flops) -> list[Entry]:
+def plainly_chosen(queue: list[Entry], policy: BatchPolicy, flops, target_tokens: int | None = None) -> list[Entry]:
     """The rule as a reader states it: every candidate priced afresh, the options compared as a list."""
     by_length = sorted(queue, key=lambda e: e.length)
     lo = by_length.index(queue[0])
@@ -27,6 +28,9 @@ def plainly_chosen(queue: list[Entry], policy: BatchPolicy, flops) -> list[Entry
                 lengths = [e.length for e in by_length[lo:hi]] + [by_length[index].length]
                 if max(lengths) * len(lengths) > policy.max_batch_tokens:
                     continue
+                if target_tokens is not None and \
+                        abs(sum(lengths) - target_tokens) > abs(sum(lengths[:-1]) - target_tokens):
+                    continue  # it takes the batch further from its target
                 share = 0.0
                 if flops is not None:
                     total, padding = flops(len(lengths), max(lengths), sum(lengths), sum(n * n for n in lengths))
@@ -59,9 +63,10 @@ def test_the_written_out_choice_is_the_plain_rule(seed):
         config = rng.choice(CONFIGS)
         flops = rng.choice([None, partial(packed_batch_flops, config),
                             partial(packed_batch_flops, config, attention_per_sequence=True)])
+        target = rng.choice([None, None, rng.randint(20, 3000)])
         while queue:
-            chosen = choose_batch(queue, policy, flops)
-            assert [e.index for e in chosen] == [e.index for e in plainly_chosen(queue, policy, flops)]
+            chosen = choose_batch(queue, policy, flops, target)
+            assert [e.index for e in chosen] == [e.index for e in plainly_chosen(queue, policy, flops, target)]
             queue = [e for e in queue if all(e is not c for c in chosen)]
             batches += 1
     assert batches > 100  # many batches compared, not a few trivial ones

@@ -253,7 +253,8 @@ class OutOfMemoryAbove(Engine):
 
 async def test_out_of_memory_batches_are_split_and_answered(tiny_checkpoint):
     texts = [f"sentence number {i} about the river" for i in range(8)]
-    async with serving(tiny_checkpoint, engine_factory=OutOfMemoryAbove, warmup=False) as client:
+    # One runner: with two, the request would be split over both before any batch ran out of memory.
+    async with serving(tiny_checkpoint, engine_factory=OutOfMemoryAbove, warmup=False, concurrent_batches=1) as client:
         alone = [(await client.post("/encode", json={"inputs": t, "pooling": "mean"})).json() for t in texts]
         OutOfMemoryAbove.calls.clear()
         together = await client.post("/encode", json={"inputs": texts, "pooling": "mean"})
