@@ -199,8 +199,7 @@ class Batcher:
         the runners (`even_split`): each batch of the split gets an equal part of the tokens still to take in it,
         so one that came out short (a length's padding bound it) makes the rest larger, not one more batch."""
         if self._split is None:
-            batches = even_split(self._queued_tokens, len(self._queue), self.policy, self.device.runners,
-                                 self.device.runners_busy())
+            batches = even_split(self._queued_tokens, len(self._queue), self.policy, *self.device.split_over(self))
             if batches is not None:
                 self._split = [batches, self._queued_tokens]
         target = None

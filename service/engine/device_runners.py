@@ -15,7 +15,8 @@ server, unchanged.
 
 On a CPU serving several models, the request that wakes an idle model does not wait for the batches already on the
 cores either: when every runner is computing another model's batch, its batches run at once on express runners
-(one per runner, idle otherwise) at a higher priority than the runners' (nice compute_niceness // 2). The operating
+(one per runner, idle otherwise, the request split evenly over them as it would be over idle runners) at a higher
+priority than the runners' (nice compute_niceness // 2). The operating
 system then preempts the busy models' batches, as it would between separate servers, but in the woken model's
 favour. Only a woken request's batches go there (`Batcher.express_tokens`): a model that stays busy shares the
 runners by the fair rule and never uses the express runners, so two floods cost no oversubscription. Measured in
@@ -137,6 +138,15 @@ class DeviceRunners:
     def runners_busy(self) -> int:
         """Batches on the runners now, every model's (those on express runners not counted)."""
         return sum(q.running - q.express_running for q in self.queues)
+
+    def split_over(self, queue: Batcher) -> tuple[int, int]:
+        """(runners, those busy) that `queue`'s next batches may be split evenly over (batch_choice.even_split): the
+        runners; or, when every runner is busy and the request that woke `queue` goes express, the express runners,
+        so that it has every core at their priority, in the batches it would have had alone."""
+        busy = self.runners_busy()
+        if busy >= self.runners and self.express and queue.express_tokens > 0:
+            return self.express, sum(q.express_running for q in self.queues)
+        return self.runners, busy
 
     def _may_pick(self) -> Batcher | None:
         """A model whose queue an idle runner picks from itself (its preparer idle), the earliest clock first."""

@@ -214,3 +214,25 @@ def test_a_model_that_stays_busy_never_uses_the_express_runners():
     ends = [when for _, _, when in log[4:40]]  # past the first requests, which woke each model
     gaps = [later - earlier for earlier, later in zip(ends, ends[1:])]
     assert min(gaps) > 0.015, gaps  # one batch at a time: each ends a batch time after the last
+
+
+def test_a_woken_request_is_split_evenly_over_the_express_runners():
+    """Two runners computing a flood's long batches, two express runners: a woken model's request of one batch's
+    worth runs as two halves at once, one on each express runner, as it would on two idle runners."""
+    SLOW.update(flooded=0.4, quiet=0.05)
+    metrics = Metrics()
+    device, batchers, log = device_with({"flooded": 1.0, "quiet": 1.0}, runners=2, express=2, metrics=metrics)
+    sink = Collected()
+    try:
+        for n in range(6):
+            ask(batchers["flooded"], sink, ("flood", n), 16, count=4)
+        time.sleep(0.05)  # the flood's batches are on both runners
+        ask(batchers["quiet"], sink, "quiet", 16, count=4)
+        answered(sink, "quiet")
+    finally:
+        stop(device, batchers)
+        SLOW.clear()
+    quiet = [(tokens, when) for model, tokens, when in log if model == "quiet"]
+    assert [tokens for tokens, _ in quiet] == [32, 32], quiet
+    assert abs(quiet[0][1] - quiet[1][1]) < 0.04, quiet  # computed at once, not one after the other (0.05 s each)
+    assert 'bert_express_batches_total{model="quiet"} 2.0' in metrics.render().decode()
