@@ -92,9 +92,9 @@ def even_split(queued_tokens: int, queued_entries: int, policy: BatchPolicy, run
 
     On a CPU each runner computes its batch on its share of the cores, so a request alone on the device that fits
     one batch leaves the other runners idle (one client sending 8 sentences a request: an even split over two
-    runners gave 1.56x the sentences/s in int8), and three batches on two runners leave one of them computing the
-    third alone. So the queue goes in as few batches as the budgets allow, rounded up until with the `busy`
-    runners' batches they make whole rounds over every runner, of equal real tokens each."""
+    runners gave about 1.5x the sentences/s, BENCHMARKS.md), and three batches on two runners leave one of them
+    computing the third alone. So the queue goes in as few batches as the budgets allow, rounded up until with the
+    `busy` runners' batches they make whole rounds over every runner, of equal real tokens each."""
     if runners <= 1 or busy >= runners or queued_entries <= 1:
         return None
     batches = max(-(-queued_tokens // max(1, int(policy.max_batch_tokens * SPLIT_FILL))),

@@ -14,13 +14,13 @@ cannot save up credit while idle to flood the device later. With one model this 
 server, unchanged.
 
 On a CPU serving several models, the request that wakes an idle model does not wait for the batches already on the
-cores either: when every runner is computing another model's batch, its batches run at once on express runners
-(one per runner, idle otherwise, the request split evenly over them as it would be over idle runners) at a higher
-priority than the runners' (nice compute_niceness // 2). The operating
-system then preempts the busy models' batches, as it would between separate servers, but in the woken model's
-favour. Only a woken request's batches go there (`Batcher.express_tokens`): a model that stays busy shares the
-runners by the fair rule and never uses the express runners, so two floods cost no oversubscription. Measured in
-bench.serving.several_models (BENCHMARKS.md, "Several models").
+cores either: when every runner is computing another model's batch, its batches run at once on express runners (one
+per runner, idle otherwise, the request split evenly over them as it would be over idle runners) at a higher
+priority than the runners' (nice compute_niceness // 2). The operating system then preempts the busy models'
+batches, as it would between separate servers, but in the woken model's favour. Only a woken request's batches go
+there (`Batcher.express_tokens`): a model that stays busy shares the runners by the fair rule and never uses the
+express runners, so two floods cost no oversubscription. Measured in bench.serving.several_models (BENCHMARKS.md,
+"Several models").
 """
 
 from __future__ import annotations

@@ -4,12 +4,11 @@ work that arrives while every runner is busy is batched as before."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 from service.engine.batch_choice import SPLIT_FILL, even_split
 from service.engine.batcher import BatchPolicy
-from tests.service.engine.test_idle_runner import HostEngine, answered, ask, started
+from tests.service.engine.test_idle_runner import HostEngine, answered, ask, gated, started
 from tests.service.engine.test_overlapped_batches import Collected
 
 POLICY = BatchPolicy(max_batch_tokens=1000, max_batch_size=64)
@@ -55,9 +54,7 @@ def wait_for(condition, timeout: float = 5.0) -> None:
 
 
 def test_a_request_alone_runs_on_both_runners_at_once_in_equal_halves():
-    engine, sink = HostEngine(), Collected()
-    engine.gate = threading.Event()
-    batcher = started(engine, runners=2)
+    engine, sink, batcher = gated(runners=2)
     try:
         items = [[n] * 10 for n in range(1, 9)]  # 8 inputs of 10 tokens: one batch's worth
         ticket = ask(batcher, sink, items)
@@ -86,9 +83,7 @@ def test_a_larger_request_ends_at_the_same_time_on_both_runners():
 
 
 def test_work_that_comes_while_every_runner_is_busy_is_batched_whole():
-    engine, sink = HostEngine(), Collected()
-    engine.gate = threading.Event()
-    batcher = started(engine, runners=2)
+    engine, sink, batcher = gated(runners=2)
     try:
         ask(batcher, sink, [[1] * 10, [1] * 10])  # split: one input on each runner, both held at the gate
         wait_for(lambda: engine.entered == 2)

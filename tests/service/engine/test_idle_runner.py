@@ -57,6 +57,13 @@ def started(engine: HostEngine, runners: int = 1, max_wait_s: float = 0.0, max_b
     return batcher
 
 
+def gated(**caps) -> tuple[HostEngine, Collected, Batcher]:
+    """A started batcher over a HostEngine whose runs wait at its gate (closed) until the test opens it."""
+    engine, sink = HostEngine(), Collected()
+    engine.gate = threading.Event()
+    return engine, sink, started(engine, **caps)
+
+
 def ask(batcher: Batcher, sink: Collected, items, deadline_s: float = 30.0) -> Ticket:
     ticket = Ticket(time.monotonic() + deadline_s, len(items), sink, tag=items)
     batcher.submit(items, ticket)
@@ -125,9 +132,7 @@ def test_a_cancelled_request_is_not_computed_on_the_idle_path():
 
 
 def test_while_the_idle_runner_computes_the_queue_builds_batches_oldest_first():
-    engine, sink = HostEngine(), Collected()
-    engine.gate = threading.Event()
-    batcher = started(engine)
+    engine, sink, batcher = gated()
     try:
         first = ask(batcher, sink, [[100]])
         assert engine.running.wait(5)  # the runner took it alone and is computing it
@@ -144,9 +149,7 @@ def test_while_the_idle_runner_computes_the_queue_builds_batches_oldest_first():
 
 
 def test_while_a_batch_computes_a_new_request_goes_through_the_preparer():
-    engine, sink = HostEngine(), Collected()
-    engine.gate = threading.Event()
-    batcher = started(engine, runners=2)
+    engine, sink, batcher = gated(runners=2)
     try:
         ask(batcher, sink, [[1]])
         assert engine.running.wait(5)
@@ -163,9 +166,7 @@ def test_while_a_batch_computes_a_new_request_goes_through_the_preparer():
 
 
 def test_what_an_idle_runner_leaves_over_the_cap_goes_to_the_other_runner_at_once():
-    engine, sink = HostEngine(), Collected()
-    engine.gate = threading.Event()
-    batcher = started(engine, runners=2, max_batch_size=2)
+    engine, sink, batcher = gated(runners=2, max_batch_size=2)
     try:
         ticket = ask(batcher, sink, [[n] for n in range(4)])  # two batches' worth, to an idle batcher
         deadline = time.monotonic() + 5
@@ -181,9 +182,7 @@ def test_what_an_idle_runner_leaves_over_the_cap_goes_to_the_other_runner_at_onc
 
 
 def test_stopping_answers_what_is_queued():
-    engine, sink = HostEngine(), Collected()
-    engine.gate = threading.Event()
-    batcher = started(engine, runners=2)
+    engine, sink, batcher = gated(runners=2)
     tickets = [ask(batcher, sink, [[n]]) for n in range(20)]
     engine.gate.set()
     batcher.stop()
