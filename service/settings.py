@@ -83,7 +83,8 @@ class Settings(BaseSettings):
     concurrent_batches: int = Field(0, ge=0, description=(
         "Batches computed at the same time, each by its own thread. 0 = auto: 2 on a CPU with at least 2 cores "
         "(each batch on half the cores: a batch spread over every core stalls whenever the HTTP side takes one), "
-        "1 on a GPU."))
+        "1 on a GPU. Work that finds one of them idle is split evenly over them, so a request alone on the server "
+        "still has every core (one client sending 8 sentences a request: about 1.5× the sentences/s, BENCHMARKS.md)."))
     cuda_graphs: bool = Field(True, description=(
         "On a CUDA GPU, run each batch's encoder as one CUDA graph replay instead of an op-by-op forward pass, "
         "the tokens padded up to one of a set of sizes (at most an eighth more above 512). Small models are "

@@ -102,3 +102,21 @@ def even_split(queued_tokens: int, queued_entries: int, policy: BatchPolicy, run
     batches += -(batches + busy) % runners
     batches = min(batches, queued_entries)
     return batches if batches > 1 else None
+
+
+class SplitUnderWay:
+    """An even split being taken from the queue: the batches and real tokens still to take. Each batch aims at an
+    equal part of what is left, so one that came out short (a length's padding bound it) makes the rest larger, not
+    one more batch."""
+
+    def __init__(self, batches: int, tokens: int):
+        self.batches, self.tokens = batches, tokens
+
+    def target(self) -> int:
+        return -(-self.tokens // self.batches)
+
+    def took(self, tokens: int) -> bool:
+        """Count a batch of `tokens` taken; whether the split has batches left."""
+        self.batches -= 1
+        self.tokens -= tokens
+        return self.batches > 0 and self.tokens > 0

@@ -16,8 +16,7 @@ preparer -> runner). Under load the preparer alone picks (its wake-up lets a bat
 a runner picking at once made smaller batches, 0.94x the sentences/s), and with max_wait_s above 0.
 
 With several runners (a CPU, each on its share of the cores), work that finds a runner idle is split evenly over
-the runners (`batch_choice.even_split`): a request alone on the server has every core, and one larger than a batch
-ends at about the same time on each runner. Work that comes while every runner is busy is batched as it comes.
+them (`batch_choice.even_split`): a request alone has every core. Work that comes while all are busy is not split.
 
 `Batcher(engine, policy, metrics)` alone has runners of its own (a server of one model, the corpus job); several
 models share one device's runners (`device=`, service.engine.models).
@@ -32,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from functools import partial
 
-from service.engine.batch_choice import choose_batch, even_split, pricing
+from service.engine.batch_choice import SplitUnderWay, choose_batch, even_split, pricing
 from service.engine.batch_types import BatchEngine, BatchPolicy, PreparedBatch
 from service.engine.device_runners import DeviceRunners
 from service.engine.threads import name_os_thread
@@ -62,8 +61,7 @@ class Batcher:
         self._queued_tokens = 0
         self._earliest_deadline = float("inf")
         self._cancelled_since_scan = False
-        # An even split of the queue over the runners under way (`_choose`): [batches, real tokens] still to take.
-        self._split: list[int] | None = None
+        self._split: SplitUnderWay | None = None  # an even split of the queue under way (`_choose`)
         self.prepared: tuple[list[Entry], PreparedBatch] | None = None  # the one batch ready ahead
         self.running = 0  # batches taken by runners and not yet answered (on a GPU, up to two a runner)
         self.express_running = 0  # those of them on the device's express runners (device_runners)
@@ -195,23 +193,15 @@ class Batcher:
             self._cond.wait(self._next_deadline_in())
 
     def _choose(self) -> list[Entry]:
-        """Under the lock: the next batch, taken from the queue. Work that finds a runner idle is split evenly over
-        the runners (`even_split`): each batch of the split gets an equal part of the tokens still to take in it,
-        so one that came out short (a length's padding bound it) makes the rest larger, not one more batch."""
+        """Under the lock: the next batch, taken from the queue; work that finds a runner idle is split evenly over
+        the runners (`even_split`, `SplitUnderWay`)."""
         if self._split is None:
             batches = even_split(self._queued_tokens, len(self._queue), self.policy, *self.device.split_over(self))
-            if batches is not None:
-                self._split = [batches, self._queued_tokens]
-        target = None
-        if self._split is not None:
-            batches, tokens = self._split
-            target = -(-tokens // batches)
+            self._split = SplitUnderWay(batches, self._queued_tokens) if batches is not None else None
+        target = self._split.target() if self._split is not None else None
         chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine), target))
-        if self._split is not None:
-            self._split[0] -= 1
-            self._split[1] -= sum(e.length for e in chosen)
-            if self._split[0] <= 0 or self._split[1] <= 0 or not self._queue:
-                self._split = None
+        if self._split is not None and not (self._split.took(sum(e.length for e in chosen)) and self._queue):
+            self._split = None
         return chosen
 
     def _take(self, chosen: list[Entry]) -> list[Entry]:
