@@ -32,6 +32,9 @@ KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "int8_products.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-mavx512f", "-mavx512bw", "-mavx512vnni"),
                         ("avx512f", "avx512bw", "avx512_vnni")),
     "attention.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512), ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    # includes attention.c: its library serves float32 and bfloat16 networks
+    "attention_bf16.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512, "-mavx512bf16"),
+                         ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
     # includes the two above (a library of its own: one call a layer)
     "int8_layer.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", *AVX512, "-mavx512vnni"),
                      ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")),

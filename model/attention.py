@@ -5,7 +5,8 @@ their own. The padded path (one SDPA call over the (B, T) layout with a key mask
   packed sequences with their cumulative lengths. No padding, no mask: one 300-piece sentence no longer pads
   60 short ones, so the batcher may mix lengths freely (`attention_pads` is False).
 - CPU at inference: a kernel for short sequences where one is installed (`use_cpu_kernel`; the `kernels` package
-  has one in C for AVX-512 CPUs) for every sequence of at most its `max_length` tokens, all in one call; then one
+  has one in C for AVX-512 CPUs, in bfloat16 too where the CPU has AVX512-BF16) for every sequence of at most its
+  `max_length` tokens, all in one call, in the network's dtype where the kernel takes it; then one
   SDPA call per longer sequence when that costs less than one padded call (Packing.attend_each_on_cpu). The network
   itself computes with torch alone, and knows no kernel package.
 - Elsewhere (float32 on CUDA, older torch, training with attention dropout): the padded call. Padding costs
@@ -41,10 +42,13 @@ class ShortSequenceKernel(Protocol):
 
     def fits(self, head_dim: int) -> bool: ...
 
+    def takes(self, dtype: torch.dtype) -> bool:
+        """Whether `attend` takes qkv, and writes out, in `dtype` as they are (float32 always)."""
+
     def attend(self, qkv: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int, num_heads: int,
                head_dim: int, out: torch.Tensor) -> None:
-        """Each sequence's (rows starts[i] .. starts[i] + lengths[i] - 1 of the packed (N, 3H) float32 qkv)
-        attention to itself alone, into the same rows of out (N, H)."""
+        """Each sequence's (rows starts[i] .. starts[i] + lengths[i] - 1 of the packed (N, 3H) qkv, of a dtype it
+        `takes`) attention to itself alone, into the same rows of out (N, H) of the same dtype."""
 
 
 def _no_kernel() -> ShortSequenceKernel | None:
@@ -116,7 +120,12 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
     (Packing.attend_each_on_cpu weighs the two). On a GPU one padded call wins (launch costs).
     """
     hidden = num_heads * head_dim
-    # CPU attention runs faster in float32 than in bfloat16 at these lengths, enough to pay for the
+    if kernel is not None and kernel.takes(qkv.dtype) and packing.max_length <= kernel.max_length and \
+            packing.key_lengths is None:  # every sequence in one kernel call, in the network's dtype
+        out = qkv.new_empty(qkv.shape[0], hidden)
+        kernel.attend(qkv.contiguous(), packing.starts, packing.lengths, packing.max_length, num_heads, head_dim, out)
+        return out
+    # torch's CPU attention runs faster in float32 than in bfloat16 at these lengths, enough to pay for the
     # two conversions: bf16 model 241 -> 249 seq/s on one core (BENCHMARKS.md, issue #15).
     dtype = qkv.dtype
     qkv = qkv.float()

@@ -170,13 +170,7 @@ class DeviceRunners:
                     batch = queue.collate_own(chosen)
                 if batch is not None:
                     if not queue.engine.overlaps:
-                        hand_back = None
-                        try:
-                            hand_back = queue.run_batch(chosen, batch)
-                        finally:
-                            self.release(queue)
-                        if hand_back is not None:
-                            hand_back()  # after the release (Batcher.run_batch says why)
+                        self._compute(queue, chosen, batch)
                         continue
                     # The next batch goes to the device before the last one's results are read: with nothing
                     # prepared, the one in flight is finished at once (no batch waits for company that may not come).
@@ -204,13 +198,18 @@ class DeviceRunners:
                 chosen, batch = queue.take_prepared()
                 queue.express_running += 1
             queue.metrics.express_batches.inc()
-            hand_back = None
-            try:
-                hand_back = queue.run_batch(chosen, batch)
-            finally:
-                self.release(queue, express=True)
-            if hand_back is not None:
-                hand_back()
+            self._compute(queue, chosen, batch, express=True)
+
+    def _compute(self, queue: Batcher, chosen: list, batch: object, express: bool = False) -> None:
+        """Runs one batch to its results, releases the runner, then hands the results back: in that order, so that
+        a client sending its next request on an answer finds the runner free (Batcher.run_batch says why)."""
+        hand_back = None
+        try:
+            hand_back = queue.run_batch(chosen, batch)
+        finally:
+            self.release(queue, express)
+        if hand_back is not None:
+            hand_back()
 
     def _take(self, one_on_device: bool) -> tuple[Batcher, list, object] | None:
         """(the model's queue, its entries, their prepared batch) to run next. With none on the device it waits until

@@ -20,7 +20,7 @@
   easier to round (BENCHMARKS.md, "Reranking": mean cosine to float32's 0.9964 with 8 bits there, 0.9992 with 12).
 
 On a CPU, at every precision, attention for short sequences runs in `kernels.attention`'s C kernel where the CPU
-has AVX-512: `prepare_model` installs it into the model.
+has AVX-512 (a bfloat16 model's in bfloat16 where it has AVX512-BF16): `prepare_model` installs it into the model.
 """
 
 from __future__ import annotations

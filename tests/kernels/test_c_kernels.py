@@ -1,6 +1,6 @@
-"""The C kernels (kernels/c/int8_products.c, kernels/c/attention.c): equal to torch's results (int8 products bit for
-bit, attention within float rounding), used by the model where they serve, and torch's path where they cannot
-run."""
+"""The C kernels (kernels/c/int8_products.c, kernels/c/attention.c; attention_bf16.c in test_attention_bf16.py):
+equal to torch's results (int8 products bit for bit, attention within float rounding), used by the model where they
+serve, and torch's path where they cannot run."""
 
 from __future__ import annotations
 

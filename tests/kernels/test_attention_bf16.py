@@ -1,0 +1,95 @@
+"""The bfloat16 attention kernel (kernels/c/attention_bf16.c): as close to float32 SDPA on the same bfloat16 inputs as
+torch's own bfloat16 SDPA, the same bits on any number of threads, and what a bfloat16 network's CPU attention runs
+where the CPU has AVX512-BF16 (no copy to float32 and back)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import attention, int8_reference
+from model.attention import attend_on_cpu
+from model.packing import Packing
+
+BFLOAT16 = attention.bfloat16_kernel()
+needs_bfloat16 = pytest.mark.skipif(BFLOAT16 is None,
+                                    reason=f"no bfloat16 attention kernel here: {attention.bfloat16_kernel.why_not()}")
+
+
+def packed_bfloat16(lengths: list[int], heads: int, head_dim: int, seed: int = 0) -> tuple[torch.Tensor, Packing]:
+    generator = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(sum(lengths), 3 * heads * head_dim, generator=generator) * 3
+    return qkv.bfloat16(), Packing.from_lengths(lengths)
+
+
+def attend(qkv: torch.Tensor, packing: Packing, heads: int, head_dim: int, threads: int = 2) -> torch.Tensor:
+    out = torch.full((qkv.shape[0], heads * head_dim), float("nan"), dtype=torch.bfloat16)
+    BFLOAT16.attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, out, threads)
+    return out
+
+
+@needs_bfloat16
+@pytest.mark.parametrize("heads, head_dim, lengths", [
+    (12, 32, [34]), (4, 16, [1]), (4, 16, [1, 2, 15, 16, 17, 33]), (2, 64, [96, 5]),
+    # blocks of 8 query rows, then 4, 2 and 1 (7, 23); odd lengths (the last pair of values is half zeros)
+    (4, 16, [7, 23, 8, 9]), (2, 64, [150, 301]), (12, 32, [130, 255, 256]), (12, 32, [attention.MAX_LENGTH]),
+])
+def test_bfloat16_kernel_is_as_close_to_float32_attention_as_torchs_bfloat16_attention(heads, head_dim, lengths):
+    qkv, packing = packed_bfloat16(lengths, heads, head_dim)
+    exact = int8_reference.sdpa_each(qkv.float(), packing.spans, heads, head_dim)
+    got = attend(qkv, packing, heads, head_dim).float()
+    torchs = int8_reference.sdpa_each(qkv, packing.spans, heads, head_dim).float()
+    assert torch.isfinite(got).all()
+    error, torchs_error = (got - exact).abs(), (torchs - exact).abs()
+    # Both are mostly the output's rounding to bfloat16: within 2% on average. Each output is within that rounding
+    # (half a step, 2^-8 of it) and the weights' (2^-9 each, so 2^-9 of the largest value at most).
+    assert float(error.mean()) <= 1.02 * float(torchs_error.mean())
+    largest_value = float(qkv[:, 2 * heads * head_dim:].float().abs().max())
+    assert bool((error <= 2 ** -8 * exact.abs() + 2 ** -9 * largest_value).all())
+
+
+@needs_bfloat16
+def test_a_wrong_weight_would_show():
+    """The check above can fail: attention with one sequence's keys shifted by a row is far off."""
+    heads, head_dim = 4, 16
+    qkv, packing = packed_bfloat16([40, 40], heads, head_dim, seed=4)
+    shifted = qkv.clone()
+    shifted[1:40, heads * head_dim:2 * heads * head_dim] = qkv[0:39, heads * head_dim:2 * heads * head_dim]
+    exact = int8_reference.sdpa_each(qkv.float(), packing.spans, heads, head_dim)
+    wrong = attend(shifted, packing, heads, head_dim).float()
+    torchs = int8_reference.sdpa_each(qkv, packing.spans, heads, head_dim).float()
+    assert float((wrong - exact).abs().mean()) > 5 * float((torchs - exact).abs().mean())
+
+
+@needs_bfloat16
+@pytest.mark.parametrize("threads", [2, 5])
+def test_bfloat16_kernel_on_several_threads_equals_one_thread(threads):
+    heads, head_dim = 4, 16
+    qkv, packing = packed_bfloat16([30, 1, 17], heads, head_dim, seed=5)
+    assert torch.equal(attend(qkv, packing, heads, head_dim, threads), attend(qkv, packing, heads, head_dim, 1))
+
+
+@needs_bfloat16
+def test_a_bfloat16_networks_attention_runs_in_bfloat16_without_the_float32_kernel(monkeypatch):
+    heads, head_dim = 12, 32
+    qkv, packing = packed_bfloat16([34, 7, 130], heads, head_dim, seed=6)
+    float32_kernel = attention.kernel()
+
+    def no_float32(*args):
+        raise AssertionError("a bfloat16 batch went to the float32 kernel")
+
+    monkeypatch.setattr(float32_kernel, "_attend", no_float32)
+    got = attend_on_cpu(qkv, packing, heads, head_dim)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, attend(qkv, packing, heads, head_dim, torch.get_num_threads()))
+
+
+@needs_bfloat16
+def test_without_the_bfloat16_kernel_a_bfloat16_network_gets_the_float32_kernel_between_copies(monkeypatch):
+    heads, head_dim = 4, 16
+    qkv, packing = packed_bfloat16([12, 5], heads, head_dim, seed=7)
+    monkeypatch.setattr(attention, "bfloat16_kernel", lambda: None)
+    got = attend_on_cpu(qkv, packing, heads, head_dim)
+    expected = int8_reference.sdpa_each(qkv.float(), packing.spans, heads, head_dim).bfloat16()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, atol=0, rtol=2 ** -8)  # float32 attention, rounded once
