@@ -15,9 +15,10 @@ Which sequences: all of at most `MAX_LENGTH` tokens, torch the longer ones. The 
 tokens (kernels/c/attention.c says why).
 
 A bfloat16 network's qkv goes to `kernels/c/attention_bf16.c` as it is, where the CPU has AVX512-BF16: the same
-algorithm in vdpbf16ps, bfloat16 in and out, so no layer copies qkv to float32 and its output back. Checked against
-SDPA in float32 on the same bfloat16 inputs (within bfloat16's rounding of the output). Elsewhere the float32 kernel
-serves it, between the two copies.
+algorithm in vdpbf16ps, bfloat16 in and out, so no layer copies qkv to float32 and its output back: 0.37-0.54x the
+time of the float32 kernel between those copies, two threads, 32 to 512 tokens (`python -m bench.peak.attention
+--dtype bfloat16`). Checked against SDPA in float32 on the same bfloat16 inputs (within bfloat16's rounding of the
+output). Elsewhere the float32 kernel serves it, between the two copies.
 """
 
 from __future__ import annotations
@@ -36,19 +37,23 @@ MAX_LENGTH = 512  # the longest measured: faster than SDPA at every length up to
 LANES = 16  # the kernel's vector width in floats: head sizes must be multiples of it
 
 
+def _declared(attend, scratch_size) -> tuple:
+    """A library's attention call and its scratch size, with the C signatures both kernels share: attend(qkv, starts,
+    lengths, count, heads, head_dim, scale, out, scratch, scratch per thread, threads); scratch(head_dim, longest)."""
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    attend.argtypes = [pointer, pointer, pointer, size, size, size, ctypes.c_float, pointer, pointer, size, size]
+    attend.restype = None
+    scratch_size.argtypes, scratch_size.restype = [size, size], size
+    return attend, scratch_size
+
+
 class Kernel:
     """The loaded library."""
 
     max_length = MAX_LENGTH
 
     def __init__(self, library: ctypes.CDLL):
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self._attend = library.attend_packed
-        self._attend.argtypes = [pointer, pointer, pointer, size, size, size, ctypes.c_float, pointer, pointer, size,
-                                 size]
-        self._attend.restype = None
-        self._scratch_floats = library.attention_scratch_floats
-        self._scratch_floats.argtypes, self._scratch_floats.restype = [size, size], size
+        self._attend, self._scratch_floats = _declared(library.attend_packed, library.attention_scratch_floats)
 
     @staticmethod
     def fits(head_dim: int) -> bool:
@@ -95,13 +100,7 @@ class BFloat16Kernel:
     """The bfloat16 library's own call (attention_bf16.c); `Kernel.attend` hands it bfloat16 qkv."""
 
     def __init__(self, library: ctypes.CDLL):
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self._attend = library.attend_packed_bf16
-        self._attend.argtypes = [pointer, pointer, pointer, size, size, size, ctypes.c_float, pointer, pointer, size,
-                                 size]
-        self._attend.restype = None
-        self._scratch_bytes = library.attention_bf16_scratch_bytes
-        self._scratch_bytes.argtypes, self._scratch_bytes.restype = [size, size], size
+        self._attend, self._scratch_bytes = _declared(library.attend_packed_bf16, library.attention_bf16_scratch_bytes)
 
     def attend(self, qkv: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int, num_heads: int,
                head_dim: int, out: torch.Tensor, threads: int) -> None:
@@ -130,7 +129,7 @@ def _check(candidate: Kernel) -> None:
 def _check_bfloat16(candidate: BFloat16Kernel) -> None:
     """Against SDPA in float32 on the same bfloat16 inputs: each output within what bfloat16 rounding may move it,
     2^-8 of its size (the output's rounding) and 2^-8 of the largest value's (the weights' rounding, 2^-9 each),
-    with a factor of two to spare. torch's own bfloat16 SDPA lands as far off, its mean error the same to 0.1%."""
+    with a factor of two to spare. torch's own bfloat16 SDPA lands as far off (tests/kernels/test_attention_bf16.py)."""
     generator = torch.Generator().manual_seed(0)
     for num_heads, head_dim, lengths in CHECKED_SHAPES:
         spans = [(sum(lengths[:index]), length) for index, length in enumerate(lengths)]

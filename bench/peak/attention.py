@@ -1,11 +1,17 @@
-"""The C attention kernel (kernels/c/attention.c) against torch's attention, one SDPA call per sequence (what
-model.attention runs without the kernel), on packed float32 query | key | value rows of random values:
+"""The C attention kernels against what runs without them, on packed query | key | value rows of random values:
+
+- float32 (kernels/c/attention.c) against torch's attention, one SDPA call per sequence (what model.attention runs
+  without the kernel);
+- bfloat16 (kernels/c/attention_bf16.c, AVX512-BF16) against the float32 kernel between a copy of qkv to float32 and
+  one of its output back (what a bfloat16 network ran before it, and runs on a CPU without AVX512-BF16).
 
     python -m bench.peak.attention                       # 12 heads of 32 (all-MiniLM-L6-v2), 1 and 2 threads
+    python -m bench.peak.attention --dtype bfloat16
     python -m bench.peak.attention --heads 12 --head-dim 64
 
 Each row: sequences of one length, the fastest of 5 calls after a warm-up, the arithmetic done a second (QK^T and
-the weighted sum, 4 x length^2 x head width a sequence) and the largest difference between the two answers.
+the weighted sum, 4 x length^2 x head width a sequence) and the largest difference from float32 SDPA on the same
+inputs (for bfloat16, mostly the output's rounding).
 """
 
 from __future__ import annotations
@@ -23,25 +29,37 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
     kernel = attention.kernel()
     if kernel is None:
         raise SystemExit(f"no C attention kernel here: {attention.why_not()}")
+    if args.dtype == "bfloat16" and attention.bfloat16_kernel() is None:
+        raise SystemExit(f"no bfloat16 attention kernel here: {attention.bfloat16_kernel.why_not()}")
+    dtype = getattr(torch, args.dtype)
     heads, head_dim = args.heads, args.head_dim
-    print(f"{heads} heads of {head_dim}\n\n| threads | tokens x sequences | C ms | GFLOP/s | torch ms | C / torch | "
-          f"largest difference |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    peer = "torch SDPA" if dtype == torch.float32 else "float32 kernel + copies"
+    print(f"{heads} heads of {head_dim}, {args.dtype}\n\n| threads | tokens x sequences | C ms | GFLOP/s | {peer} ms | "
+          f"C / {peer} | largest difference |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for threads in args.threads:
         torch.set_num_threads(threads)
         for length, count in ((32, 128), (96, 64), (150, 64), (256, 32), (512, 16)):
             spans = [(index * length, length) for index in range(count)]
             qkv = torch.randn(count * length, 3 * heads * head_dim, generator=torch.Generator().manual_seed(0))
+            qkv = qkv.to(dtype)
+            if dtype == torch.float32:
+                def before():
+                    return int8_reference.sdpa_each(qkv, spans, heads, head_dim)
+            else:
+                def before():
+                    return kernel.attend_spans(qkv.float(), spans, heads, head_dim).to(dtype)
             mine = best_ms(lambda: kernel.attend_spans(qkv, spans, heads, head_dim), 5, warm_ups=1)
-            torchs = best_ms(lambda: int8_reference.sdpa_each(qkv, spans, heads, head_dim), 5, warm_ups=1)
-            difference = (kernel.attend_spans(qkv, spans, heads, head_dim)
-                          - int8_reference.sdpa_each(qkv, spans, heads, head_dim)).abs().max()
+            theirs = best_ms(before, 5, warm_ups=1)
+            difference = (kernel.attend_spans(qkv, spans, heads, head_dim).float()
+                          - int8_reference.sdpa_each(qkv.float(), spans, heads, head_dim)).abs().max()
             flops = 4 * count * heads * head_dim * length * length
-            print(f"| {threads} | {length} x {count} | {mine:.2f} | {flops / mine / 1e6:.0f} | {torchs:.2f} | "
-                  f"{mine / torchs:.2f} | {difference:.1e} |", flush=True)
+            print(f"| {threads} | {length} x {count} | {mine:.2f} | {flops / mine / 1e6:.0f} | {theirs:.2f} | "
+                  f"{mine / theirs:.2f} | {difference:.1e} |", flush=True)
 
 
 if __name__ == "__main__":
