@@ -122,14 +122,14 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
     hidden = num_heads * head_dim
     if kernel is not None and kernel.takes(qkv.dtype) and packing.max_length <= kernel.max_length and \
             packing.key_lengths is None:  # every sequence in one kernel call, in the network's dtype
-        out = qkv.new_empty(qkv.shape[0], hidden)
+        out = _output_rows(qkv, hidden, packing)
         kernel.attend(qkv.contiguous(), packing.starts, packing.lengths, packing.max_length, num_heads, head_dim, out)
         return out
     # torch's CPU attention runs faster in float32 than in bfloat16 at these lengths, enough to pay for the
     # two conversions: bf16 model 241 -> 249 seq/s on one core (BENCHMARKS.md, issue #15).
     dtype = qkv.dtype
     qkv = qkv.float()
-    out = qkv.new_empty(qkv.shape[0], hidden)
+    out = _output_rows(qkv, hidden, packing)
     keys = packing.key_lengths or tuple(length for _, length in packing.spans)
     spans = [(start, length, attended) for (start, length), attended in zip(packing.spans, keys)]
     if kernel is not None:  # the short sequences in one kernel call, torch the rest
@@ -150,3 +150,12 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
         k, v = k[:, :, :attended], v[:, :, :attended]
         out[start:start + length] = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(length, hidden)
     return out.to(dtype)
+
+
+def _output_rows(qkv: torch.Tensor, hidden: int, packing: Packing) -> torch.Tensor:
+    """Attention's (N, hidden) output, to be written sequence by sequence; zeros in the spare rows, which no sequence
+    writes (left as they were, they could hold anything, NaN included, for the layers after to compute on)."""
+    out = qkv.new_empty(qkv.shape[0], hidden)
+    if packing.spare_rows:
+        out[packing.tokens:].zero_()
+    return out

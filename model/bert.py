@@ -234,12 +234,8 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         hidden = self.encoder(self.embeddings(input_ids, token_type_ids), key_padding_mask(attention_mask))
@@ -382,14 +378,16 @@ class BertForPreTraining(nn.Module):
 
     def encode_packed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, packing: Packing,
                       for_heads: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Packed (N,) ids -> ((N, H) states the embedding routes serve, (N, H) last-layer states the heads read,
-        or None unless `for_heads`), computed without padding (see Packing). One tensor twice unless
-        `config.embedding_layer` stops below the top; then the top layers run only when `for_heads`."""
+        """Packed (N,) ids -> ((N, H) states the embedding routes serve, (N, H) last-layer states the heads read, or
+        None unless `for_heads`), computed without padding (see Packing; spare rows are computed, not returned). One
+        tensor twice unless `config.embedding_layer` stops below the top; then the top layers run only for heads."""
         at = self.config.served_embedding_layer
-        embedded = self.bert.encoder(self.bert.embeddings(input_ids, token_type_ids, packing.positions), packing, stop=at)
+        ids, types, positions = (packing.with_spare_rows(t) for t in (input_ids, token_type_ids, packing.positions))
+        embedded = self.bert.encoder(self.bert.embeddings(ids, types, positions), packing, stop=at)
         if not for_heads:
-            return embedded, None
-        return embedded, self.bert.encoder(embedded, packing, start=at) if at < self.config.num_hidden_layers else embedded
+            return packing.real_rows(embedded), None
+        hidden = self.bert.encoder(embedded, packing, start=at) if at < self.config.num_hidden_layers else embedded
+        return packing.real_rows(embedded), packing.real_rows(hidden)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, mlm_positions: torch.Tensor | None = None

@@ -22,6 +22,9 @@ class Packing:
     Every token of a sequence attends to its first `key_lengths` tokens (all of them unless given): a ColBERT query's
     [MASK] expansion tokens read the query, and the query does not read them (as its attention mask says in
     transformers).
+
+    `spare_rows` rows may follow the last sequence (`model.row_buckets`: a bfloat16 batch on a CPU is computed on a
+    rounded-up row count). They hold no token: attention gives them zeros and no sequence reads them.
     """
 
     indices: torch.Tensor  # (N,) where each real token sits in the flattened (B*T) padded layout
@@ -38,10 +41,12 @@ class Packing:
     key_lengths: tuple[int, ...] | None = None
     key_rows: torch.Tensor | None = None
     cu_keys: torch.Tensor | None = None
+    spare_rows: int = 0
 
     @classmethod
-    def from_lengths(cls, lengths: list[int], keys: list[int] | None = None) -> Packing:
-        """`keys`: how many leading tokens of each sequence are attended to (None: all)."""
+    def from_lengths(cls, lengths: list[int], keys: list[int] | None = None, spare_rows: int = 0) -> Packing:
+        """`keys`: how many leading tokens of each sequence are attended to (None: all); `spare_rows`: rows computed
+        after the last sequence's."""
         # Built with numpy, then shared with torch: on these small arrays each torch op costs a few us more
         # (the batcher builds one Packing per batch, on the thread that must stay ahead of the device).
         sizes = np.asarray(lengths, dtype=np.int64)
@@ -63,7 +68,7 @@ class Packing:
                               cu_keys=torch.from_numpy(np.concatenate(([0], np.cumsum(attended))).astype(np.int32)))
         return cls(torch.from_numpy(rows * width + positions), torch.from_numpy(rows), torch.from_numpy(positions),
                    torch.from_numpy(starts), key_mask, len(lengths), width, spans, torch.from_numpy(cu_seqlens),
-                   **restricted)
+                   **restricted, spare_rows=spare_rows)
 
     @property
     def max_length(self) -> int:
@@ -90,20 +95,36 @@ class Packing:
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Packing(move(self.indices), move(self.rows), move(self.positions), move(self.starts),
                        move(self.key_mask), self.batch, self.width, self.spans, move(self.cu_seqlens),
-                       self.key_lengths, move(self.key_rows), move(self.cu_keys))
+                       self.key_lengths, move(self.key_rows), move(self.cu_keys), self.spare_rows)
+
+    @cached_property
+    def tokens(self) -> int:
+        """N: the real tokens, the packed layout's rows before any spare ones."""
+        return sum(length for _, length in self.spans)
+
+    def with_spare_rows(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N,) ids, types or positions -> (N + spare rows,), zeros after the tokens' ([PAD], type 0, position 0)."""
+        return torch.nn.functional.pad(packed, (0, self.spare_rows)) if self.spare_rows else packed
+
+    def real_rows(self, computed: torch.Tensor) -> torch.Tensor:
+        """The tokens' rows of a tensor computed with the spare rows (a view)."""
+        return computed[: self.tokens] if self.spare_rows else computed
 
     def pad(self, packed: torch.Tensor) -> torch.Tensor:
-        """(N, D) -> (B, T, D), zeros where there is no token."""
+        """(N, D) -> (B, T, D), zeros where there is no token (spare rows are dropped)."""
+        packed = self.real_rows(packed)
         if self.key_mask is None:  # equal lengths: the packed layout is the padded one
             return packed.view(self.batch, self.width, -1)
         padded = packed.new_zeros(self.batch * self.width, packed.shape[-1]).index_copy(0, self.indices, packed)
         return padded.view(self.batch, self.width, -1)
 
     def unpad(self, padded: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (N, D)."""
+        """(B, T, D) -> (N, D), and zeros in the spare rows."""
         if self.key_mask is None:
-            return padded.reshape(self.batch * self.width, -1)
-        return padded.reshape(self.batch * self.width, -1).index_select(0, self.indices)
+            packed = padded.reshape(self.batch * self.width, -1)
+        else:
+            packed = padded.reshape(self.batch * self.width, -1).index_select(0, self.indices)
+        return torch.cat((packed, packed.new_zeros(self.spare_rows, packed.shape[-1]))) if self.spare_rows else packed
 
 
 def attends_each_on_cpu(count: int, longest: int, real_squares: int, hidden: int = 384) -> bool:

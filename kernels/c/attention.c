@@ -109,8 +109,10 @@ static inline __attribute__((always_inline)) void attend_rows(
  * out. `scratch` holds attention_scratch_floats(head_dim, length) floats: the head's keys transposed and scaled, so
  * that 16 keys' scores are head_dim multiply-adds of whole vectors, and QUERY_ROWS rows of scores. head_dim must be
  * a multiple of 16 (checked by the caller). */
-static void attend_head(const float *qkv, int64_t start, int64_t length, int64_t h, int64_t heads, int64_t head_dim,
-                        float scale, float *out, float *scratch) {
+static void attend_head(const void *qkv_rows, int64_t start, int64_t length, int64_t h, int64_t heads,
+                        int64_t head_dim, float scale, void *out_rows, void *scratch_space) {
+    const float *qkv = qkv_rows;
+    float *out = out_rows, *scratch = scratch_space;
     const int64_t hidden = heads * head_dim, stride = 3 * hidden, padded = (length + LANES - 1) / LANES * LANES;
     const float *base = qkv + start * stride;
     float *out_base = out + start * hidden;
@@ -131,34 +133,56 @@ static void attend_head(const float *qkv, int64_t start, int64_t length, int64_t
 #undef ROWS
 }
 
+/* One head of one sequence: attend_head here, attend_head_bf16 in attention_bf16.c. Their pointers are untyped so
+ * that one team dispatch (below) serves both. */
+typedef void (*head_attention)(const void *qkv, int64_t start, int64_t length, int64_t h, int64_t heads,
+                               int64_t head_dim, float scale, void *out, void *scratch);
+
 /* Thread `me` of `team`'s share of attention over `count` sequences (rows starts[s] .. starts[s] + lengths[s] - 1 of
  * qkv) and every head: a run of (sequence, head) pairs, with `scratch` of its own. Never inlined, so that a profile
  * of the int8 layer (bench/peak/where_time_goes.py) tells its attention from the rest of its body. */
-static __attribute__((noinline)) void attention_share(const float *qkv, const int64_t *starts, const int64_t *lengths,
-                                                     int64_t count, int64_t heads, int64_t head_dim, float scale,
-                                                     float *out, float *scratch, int64_t me, int64_t team) {
+static __attribute__((noinline)) void attention_share_of(head_attention attend_one, const void *qkv,
+                                                        const int64_t *starts, const int64_t *lengths, int64_t count,
+                                                        int64_t heads, int64_t head_dim, float scale, void *out,
+                                                        void *scratch, int64_t me, int64_t team) {
     const int64_t pairs = count * heads;
     for (int64_t pair = pairs * me / team; pair < pairs * (me + 1) / team; pair++)
-        attend_head(qkv, starts[pair / heads], lengths[pair / heads], pair % heads, heads, head_dim, scale, out,
-                    scratch);
+        attend_one(qkv, starts[pair / heads], lengths[pair / heads], pair % heads, heads, head_dim, scale, out,
+                   scratch);
 }
 
-/* Attention of every head of `count` packed sequences, each attending to itself alone, on up to `threads` threads
- * (OpenMP's: torch's own pool, as in int8_products.c). Layout: qkv (tokens, 3 * hidden) float32 rows, query | key |
- * value, each heads x head_dim; out (tokens, hidden). `scratch` holds `scratch_floats` floats for each thread, at
- * least attention_scratch_floats(head_dim, the longest length). */
-void attend_packed(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count, int64_t heads,
-                   int64_t head_dim, float scale, float *out, float *scratch, int64_t scratch_floats,
-                   int64_t threads) {
+/* The float32 share, as int8_layer.c's team calls it. */
+static inline void attention_share(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count,
+                                   int64_t heads, int64_t head_dim, float scale, float *out, float *scratch,
+                                   int64_t me, int64_t team) {
+    attention_share_of(attend_head, qkv, starts, lengths, count, heads, head_dim, scale, out, scratch, me, team);
+}
+
+/* Every (sequence, head) pair through `attend_one` on up to `threads` threads (OpenMP's: torch's own pool, as in
+ * int8_products.c), each thread with `scratch_bytes` of `scratch` of its own. */
+static void attend_packed_with(head_attention attend_one, const void *qkv, const int64_t *starts,
+                               const int64_t *lengths, int64_t count, int64_t heads, int64_t head_dim, float scale,
+                               void *out, char *scratch, int64_t scratch_bytes, int64_t threads) {
     if (threads > count * heads) threads = count * heads;
     if (threads <= 1) {
-        attention_share(qkv, starts, lengths, count, heads, head_dim, scale, out, scratch, 0, 1);
+        attention_share_of(attend_one, qkv, starts, lengths, count, heads, head_dim, scale, out, scratch, 0, 1);
         return;
     }
 #pragma omp parallel num_threads(threads)
     {
         const int64_t me = omp_get_thread_num();
-        attention_share(qkv, starts, lengths, count, heads, head_dim, scale, out, scratch + me * scratch_floats, me,
-                        omp_get_num_threads());
+        attention_share_of(attend_one, qkv, starts, lengths, count, heads, head_dim, scale, out,
+                           scratch + me * scratch_bytes, me, omp_get_num_threads());
     }
+}
+
+/* Attention of every head of `count` packed sequences, each attending to itself alone, on up to `threads` threads.
+ * Layout: qkv (tokens, 3 * hidden) float32 rows, query | key | value, each heads x head_dim; out (tokens, hidden).
+ * `scratch` holds `scratch_floats` floats for each thread, at least attention_scratch_floats(head_dim, the longest
+ * length). */
+void attend_packed(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count, int64_t heads,
+                   int64_t head_dim, float scale, float *out, float *scratch, int64_t scratch_floats,
+                   int64_t threads) {
+    attend_packed_with(attend_head, qkv, starts, lengths, count, heads, head_dim, scale, out, (char *)scratch,
+                       scratch_floats * (int64_t)sizeof(float), threads);
 }

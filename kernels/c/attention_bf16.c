@@ -107,8 +107,11 @@ static inline __attribute__((always_inline)) void attend_rows_bf16(
 
 /* One head of one sequence (rows start .. start + length - 1 of qkv) into the same rows of out, with `scratch` of
  * attention_bf16_scratch_bytes(head_dim, length) bytes. head_dim must be a multiple of 16 (checked by the caller). */
-static void attend_head_bf16(const bf16 *qkv, int64_t start, int64_t length, int64_t h, int64_t heads,
-                             int64_t head_dim, float scale, bf16 *out, char *scratch) {
+static void attend_head_bf16(const void *qkv_rows, int64_t start, int64_t length, int64_t h, int64_t heads,
+                             int64_t head_dim, float scale, void *out_rows, void *scratch_space) {
+    const bf16 *qkv = qkv_rows;
+    bf16 *out = out_rows;
+    char *scratch = scratch_space;
     const int64_t hidden = heads * head_dim, stride = 3 * hidden, padded = (length + LANES - 1) / LANES * LANES;
     const bf16 *base = qkv + start * stride;
     const bf16 *keys = base + hidden + h * head_dim, *values = base + 2 * hidden + h * head_dim;
@@ -149,31 +152,11 @@ static void attend_head_bf16(const bf16 *qkv, int64_t start, int64_t length, int
 #undef ROWS
 }
 
-/* Thread `me` of `team`'s share: a run of (sequence, head) pairs. Never inlined, for profiles (as attention.c's). */
-static __attribute__((noinline)) void attention_share_bf16(const bf16 *qkv, const int64_t *starts,
-                                                          const int64_t *lengths, int64_t count, int64_t heads,
-                                                          int64_t head_dim, float scale, bf16 *out, char *scratch,
-                                                          int64_t me, int64_t team) {
-    const int64_t pairs = count * heads;
-    for (int64_t pair = pairs * me / team; pair < pairs * (me + 1) / team; pair++)
-        attend_head_bf16(qkv, starts[pair / heads], lengths[pair / heads], pair % heads, heads, head_dim, scale, out,
-                         scratch);
-}
-
 /* attend_packed (attention.c) in bfloat16: `scratch` holds `scratch_bytes` bytes for each thread, at least
  * attention_bf16_scratch_bytes(head_dim, the longest length). */
 void attend_packed_bf16(const bf16 *qkv, const int64_t *starts, const int64_t *lengths, int64_t count, int64_t heads,
                         int64_t head_dim, float scale, bf16 *out, char *scratch, int64_t scratch_bytes,
                         int64_t threads) {
-    if (threads > count * heads) threads = count * heads;
-    if (threads <= 1) {
-        attention_share_bf16(qkv, starts, lengths, count, heads, head_dim, scale, out, scratch, 0, 1);
-        return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-        const int64_t me = omp_get_thread_num();
-        attention_share_bf16(qkv, starts, lengths, count, heads, head_dim, scale, out, scratch + me * scratch_bytes,
-                             me, omp_get_num_threads());
-    }
+    attend_packed_with(attend_head_bf16, qkv, starts, lengths, count, heads, head_dim, scale, out, scratch,
+                       scratch_bytes, threads);
 }

@@ -187,27 +187,28 @@ class Batcher:
                 waited = time.monotonic() - self._queue[0].enqueued_at
                 # Wait for company only when the device would otherwise sit idle with a small batch.
                 if not (idle and short and waited < policy.max_wait_s and not self._stopping):
-                    return self._choose()
+                    return self._choose()[0]
                 self._cond.wait(policy.max_wait_s - waited)
                 continue
             self._cond.wait(self._next_deadline_in())
 
-    def _choose(self) -> list[Entry]:
-        """Under the lock: the next batch, taken from the queue; work that finds a runner idle is split evenly over
-        the runners (`even_split`, `SplitUnderWay`)."""
+    def _choose(self) -> tuple[list[Entry], int]:
+        """Under the lock: the next batch, taken from the queue, and its tokens; work that finds a runner idle is
+        split evenly over the runners (`even_split`, `SplitUnderWay`)."""
         if self._split is None:
             batches = even_split(self._queued_tokens, len(self._queue), self.policy, *self.device.split_over(self))
             self._split = SplitUnderWay(batches, self._queued_tokens) if batches is not None else None
         target = self._split.target() if self._split is not None else None
-        chosen = self._take(choose_batch(self._queue, self.policy, pricing(self.engine), target))
-        if self._split is not None and not (self._split.took(sum(e.length for e in chosen)) and self._queue):
+        chosen, tokens = self._take(choose_batch(self._queue, self.policy, pricing(self.engine), target))
+        if self._split is not None and not (self._split.took(tokens) and self._queue):
             self._split = None
-        return chosen
+        return chosen, tokens
 
-    def _take(self, chosen: list[Entry]) -> list[Entry]:
+    def _take(self, chosen: list[Entry]) -> tuple[list[Entry], int]:
         chosen_ids = {id(e) for e in chosen}
         self._queue = deque(e for e in self._queue if id(e) not in chosen_ids)
-        self._queued_tokens -= sum(e.length for e in chosen)
+        tokens = sum(e.length for e in chosen)
+        self._queued_tokens -= tokens
         # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly. An
         # empty queue has none, so that the next entry counts as sooner and wakes the preparer: with a batch prepared,
         # the preparer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
@@ -215,7 +216,7 @@ class Batcher:
         if not self._queue:
             self._earliest_deadline = float("inf")
         self.metrics.queue_depth.set(len(self._queue))
-        return chosen
+        return chosen, tokens
 
     def _set_queue(self, queue: deque[Entry]) -> None:
         self._queue = queue
@@ -270,9 +271,8 @@ class Batcher:
         self._drop_dead_entries()
         if not self._queue:
             return []
-        chosen = self._choose()
+        chosen, tokens = self._choose()
         self.running += 1
-        tokens = sum(e.length for e in chosen)
         self.clock += tokens / self.weight
         self.express_tokens -= tokens
         self._cond.notify()  # what did not fit, if any: the preparer prepares it

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from model.bert import BertForPreTraining
+from model.row_buckets import rounds_rows, rows_to_compute
 from service.engine.head_copies import Collector, to_device, to_host
 from service.tasks import Item, LateInteractionItem, TokenVectors
 
@@ -20,9 +21,12 @@ def launch_colbert(model: BertForPreTraining, items: list[Item], hidden: torch.T
     if model.projection is None:
         raise RuntimeError("a late-interaction item reached a model without a ColBERT projection")
     kept = [items[r].kept if items[r].kept is not None else range(len(items[r])) for r in rows]
-    at = to_device([starts[r] + position for r, positions in zip(rows, kept) for position in positions],
-                         hidden.device)
-    vectors = to_host(F.normalize(model.projection(hidden[at]).float(), dim=-1))  # (sum of kept, dim)
+    at = [starts[r] + position for r, positions in zip(rows, kept) for position in positions]
+    count = len(at)
+    if count and rounds_rows(hidden.device, hidden.dtype):  # one of few row counts, as the encoder's (row_buckets)
+        at += [at[0]] * (rows_to_compute(count) - count)
+    projected = model.projection(hidden[to_device(at, hidden.device)])[:count]
+    vectors = to_host(F.normalize(projected.float(), dim=-1))  # (sum of kept, dim)
     counts = [len(positions) for positions in kept]
 
     def collect(results: list) -> None:

@@ -21,6 +21,7 @@ from model.bert import BertForPreTraining
 from model.attention import attention_pads
 from model.flops import BatchPricer, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
+from model.row_buckets import rounds_rows, rows_to_compute
 from service.engine.graphs import EncoderGraphs, Layout, stage
 from service.engine.head_copies import Collector
 from service.engine.heads import launch_heads
@@ -95,6 +96,7 @@ class Engine:
         # prices candidate batches only where it may. Fixed for the engine's life, so asked once.
         self.pads_attention = attention_pads(device, dtype, model.config.head_dim)
         self._price_all_layers = BatchPricer(model.config)
+        self.rounds_rows = rounds_rows(device, dtype)  # batches computed on a rounded-up row count (row_buckets)
         self.graphs: EncoderGraphs | None = None  # set by use_graphs
         self.graphs_fallen_back: dict[str, str] = {}  # graphs the start-up check dropped, and why (loader)
         self._graph_memory = threading.Lock()  # the graphs' outputs share one pool: one graphed batch at a time
@@ -142,7 +144,8 @@ class Engine:
         types = torch.from_numpy(np.fromiter(chain.from_iterable(i.token_type_ids for i in items), dtype=np.int64))
         lengths = [len(item) for item in items]
         keys = _attended(items)
-        packing = Packing.from_lengths(lengths, keys)
+        spare_rows = rows_to_compute(len(ids)) - len(ids) if self.rounds_rows else 0
+        packing = Packing.from_lengths(lengths, keys, spare_rows)
         flops, padding = self.flops(len(items), max(lengths), sum(lengths), sum(n * n for n in lengths),
                                     None if self._runs_heads(items) else self.model.config.served_embedding_layer)
         # The graphs attend each sequence to all of itself: a batch where some do not runs op by op.

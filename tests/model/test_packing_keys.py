@@ -11,6 +11,7 @@ import torch
 import model.attention as attention
 from model.packing import Packing
 from tests.conftest import random_model
+from tests.model.cpu_attention_paths import CPU_ATTENTION_PATHS, use_cpu_attention_path
 
 LENGTHS = [9, 2, 30, 14, 16]
 KEYS = [6, 2, 30, 5, 16]  # the first, fourth: their last tokens read the others but are not read
@@ -44,19 +45,9 @@ def test_the_key_rows_and_their_cumulative_counts():
     assert unrestricted.key_lengths is None and unrestricted.key_rows is None
 
 
-@pytest.mark.parametrize("path", ["as chosen", "one call per sequence", "padded"])
+@pytest.mark.parametrize("path", CPU_ATTENTION_PATHS)
 def test_every_cpu_path_equals_the_padded_forward_with_the_mask(monkeypatch, path):
-    monkeypatch.setattr(attention, "_cpu_kernel", attention._cpu_kernel)  # restored after the test
-    if path == "as chosen":  # the C kernel where this CPU can run it, as the service installs it
-        import kernels
-
-        kernels.install()
-    if path == "one call per sequence":
-        monkeypatch.setattr(attention, "_cpu_kernel", lambda: None)
-        monkeypatch.setattr(Packing, "attend_each_on_cpu", lambda self, hidden: True)
-    if path == "padded":
-        monkeypatch.setattr(attention, "_cpu_kernel", lambda: None)
-        monkeypatch.setattr(Packing, "attend_each_on_cpu", lambda self, hidden: False)
+    use_cpu_attention_path(monkeypatch, path)
     packed, reference = _packed_and_reference(random_model(300))
     torch.testing.assert_close(packed, reference, rtol=0, atol=2e-5)
 
