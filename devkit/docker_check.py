@@ -40,6 +40,7 @@ import httpx
 
 from devkit import cold_start, corpus_drill, fault_drills
 from devkit.paths import REPO_ROOT
+from kernels.build import KERNELS
 
 CPU_COMPOSE = ["docker", "compose", "-f", "docker-compose.yml", "-f", "docker-compose.cpu.yml"]
 IMAGES = {"cpu": "bert-serve:0.1.0-cpu", "cuda": "bert-serve:0.1.0", "cpu-ray": "bert-serve:0.1.0-cpu-ray"}
@@ -204,13 +205,14 @@ print(json.dumps({"int8_path": path, "identity": int8_path.int8_path_identity(),
 
 
 def kernels_in_image(image: str) -> dict:
-    """The image's kernels, with the chart's pod security: all three prebuilt in /opt/kernels, none built at start
-    (there is no compiler to build them), and each int8 layer one C call where the CPU has the features."""
+    """The image's kernels, with the chart's pod security: every one of kernels.build.KERNELS prebuilt in
+    /opt/kernels, none built at start (there is no compiler to build them), and each int8 layer one C call where the
+    CPU has the features."""
     found = json.loads(sh("docker", "run", "--rm", *cold_start.POD_SECURITY, "--entrypoint", "python", image, "-c",
                           KERNELS_PROBE).strip().splitlines()[-1])
     prebuilt = sorted(name.split("-")[0] for name in found["built"].pop("/opt/kernels", []))
     runs = found["int8_path"] == "each layer in one C call" or "this CPU lacks" in found["int8_path"]
-    found["ok"] = prebuilt == ["attention", "int8_layer", "int8_products"] and \
+    found["ok"] = prebuilt == sorted(source.removesuffix(".c") for source in KERNELS) and \
         not any(found["built"].values()) and runs
     return found
 
