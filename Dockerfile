@@ -11,10 +11,10 @@
 # The locks: requirements/image-cuda.txt (everything the CUDA image installs, NVIDIA libraries included, for
 # Linux x86-64), requirements/serve.txt (everything the CPU image installs; torch from PyTorch's CPU index) and, with
 # RAY=1, requirements/ray.txt's own pins on top.
-# The C kernels (kernels/c/*.c: int8 products, whole int8 layers, attention in float32 and bfloat16; for AVX-512 CPUs)
-# are built in a stage of their own, which has a compiler, and copied into the image, which has none. kernels/build.py
-# builds them with the standard library alone; where a CPU lacks their features the service uses torch's kernels
-# instead.
+# The C kernels (kernels/c/*.c: int8 products, whole int8 layers, attention in float32 and bfloat16 for AVX-512 CPUs;
+# int8 products for AVX2 ones) are built in a stage of their own, which has a compiler, and copied into the image, which
+# has none. kernels/build.py builds them with the standard library alone; where a CPU lacks their features the service
+# uses torch's kernels instead.
 FROM python:3.11.11-slim-bookworm AS kernels
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \

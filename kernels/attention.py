@@ -1,5 +1,5 @@
-"""Attention for packed sequences of up to 512 tokens on CPUs with AVX-512 (`kernels/c/attention.c`), where torch's
-CPU attention costs several times its arithmetic.
+"""Attention for packed sequences of up to 512 tokens on CPUs with AVX-512 (`kernels/c/attention.c`) or AVX2
+(`kernels/c/attention_avx2.c`), where torch's CPU attention costs several times its arithmetic.
 
 Built and loaded at first use (`kernels.loading`), then checked against `F.scaled_dot_product_attention` on sequences
 of several lengths (within 1e-4; the two differ in summation order and in exp). `kernel()` is None where it cannot
@@ -13,6 +13,10 @@ Which sequences: all of at most `MAX_LENGTH` tokens, torch the longer ones. The 
 32, two threads, it takes 0.49x the time of one SDPA call per sequence (17.2 against 35.4 ms; 0.43x at 12 heads of
 64), and 0.69x at 512 tokens (`python -m bench.peak.attention`). Row by row it would be slower than torch's from 128
 tokens (kernels/c/attention.c says why).
+
+Where the CPU has AVX2 and FMA but no AVX-512, `kernels/c/attention_avx2.c` serves instead: the same algorithm and
+call, eight floats a vector (head sizes a multiple of 8), checked the same way. Its sums run in another order, so
+its outputs differ from the AVX-512 kernel's in the last bits (kernels.int8_path tells the two apart).
 
 A bfloat16 network's qkv goes to `kernels/c/attention_bf16.c` as it is, where the CPU has AVX512-BF16: the same
 algorithm in vdpbf16ps, bfloat16 in and out, so no layer copies qkv to float32 and its output back: 0.37-0.54x the
@@ -29,12 +33,12 @@ from collections.abc import Sequence
 import torch
 
 from kernels import int8_reference
-from kernels.loading import FirstUse, KernelUnavailable
+from kernels.loading import FirstOf, FirstUse, KernelUnavailable
 from model import attention as model_attention
 
 SOURCE_NAME = "attention.c"
+AVX2_SOURCE_NAME = "attention_avx2.c"
 MAX_LENGTH = 512  # the longest measured: faster than SDPA at every length up to it (module docstring)
-LANES = 16  # the kernel's vector width in floats: head sizes must be multiples of it
 
 
 def _declared(attend, scratch_size) -> tuple:
@@ -48,21 +52,22 @@ def _declared(attend, scratch_size) -> tuple:
 
 
 class Kernel:
-    """The loaded library."""
+    """The loaded AVX-512 library."""
 
     max_length = MAX_LENGTH
+    instruction_set = "AVX-512"  # what kernels.int8_path names it by
+    lanes = 16  # the kernel's vector width in floats: head sizes must be multiples of it
 
     def __init__(self, library: ctypes.CDLL):
         self._attend, self._scratch_floats = _declared(library.attend_packed, library.attention_scratch_floats)
 
-    @staticmethod
-    def fits(head_dim: int) -> bool:
-        return head_dim % LANES == 0
+    def fits(self, head_dim: int) -> bool:
+        return head_dim % self.lanes == 0
 
-    @staticmethod
-    def takes(dtype: torch.dtype) -> bool:
+    def takes(self, dtype: torch.dtype) -> bool:
         """Whether `attend` takes qkv, and writes out, in `dtype` as they are."""
-        return dtype == torch.float32 or (dtype == torch.bfloat16 and bfloat16_kernel() is not None)
+        bfloat16 = dtype == torch.bfloat16 and self.instruction_set == "AVX-512" and bfloat16_kernel() is not None
+        return dtype == torch.float32 or bfloat16
 
     def attend(self, qkv: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int, num_heads: int,
                head_dim: int, out: torch.Tensor, threads: int | None = None) -> None:
@@ -74,7 +79,7 @@ class Kernel:
                 not out.is_contiguous() or qkv.shape[1] != 3 * num_heads * head_dim or not self.fits(head_dim) or \
                 starts.dtype != torch.int64 or lengths.dtype != torch.int64:
             raise ValueError(f"the attention kernel takes contiguous (N, 3H) rows of float32 (or bfloat16 where the "
-                             f"CPU has AVX512-BF16) with heads of a multiple of {LANES}, not {tuple(qkv.shape)} "
+                             f"CPU has AVX512-BF16) with heads of a multiple of {self.lanes}, not {tuple(qkv.shape)} "
                              f"{qkv.dtype} with {num_heads} x {head_dim}, out {out.dtype}")
         threads = torch.get_num_threads() if threads is None else threads
         if qkv.dtype == torch.bfloat16:
@@ -94,6 +99,13 @@ class Kernel:
         out = qkv.new_empty(qkv.shape[0], num_heads * head_dim)
         self.attend(qkv.contiguous(), starts, lengths, int(lengths.max()), num_heads, head_dim, out, threads)
         return out
+
+
+class Avx2Kernel(Kernel):
+    """The loaded AVX2 library: the same call, eight floats a vector, float32 only."""
+
+    instruction_set = "AVX2"
+    lanes = 8
 
 
 class BFloat16Kernel:
@@ -148,8 +160,11 @@ def _check_bfloat16(candidate: BFloat16Kernel) -> None:
                                         f"{num_heads} heads of {head_dim}")
 
 
-# The kernels, built and checked at the first call (None where they cannot run); why_not() says why not.
-kernel = FirstUse(SOURCE_NAME, Kernel, _check, "CPU attention: torch's")
+# The kernels, built and checked at the first call (None where they cannot run); why_not() says why not. `kernel`:
+# AVX-512's where it runs, else AVX2's.
+avx512_kernel = FirstUse(SOURCE_NAME, Kernel, _check, "CPU attention: the AVX2 kernel or torch's")
+avx2_kernel = FirstUse(AVX2_SOURCE_NAME, Avx2Kernel, _check, "CPU attention: torch's")
+kernel = FirstOf(avx512_kernel, avx2_kernel)
 why_not = kernel.why_not
 bfloat16_kernel = FirstUse("attention_bf16.c", BFloat16Kernel, _check_bfloat16,
                            "CPU attention of bfloat16 networks: the float32 kernel's, with copies to float32 and back")

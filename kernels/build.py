@@ -31,7 +31,9 @@ AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
 KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "int8_products.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-mavx512f", "-mavx512bw", "-mavx512vnni"),
                         ("avx512f", "avx512bw", "avx512_vnni")),
+    "int8_products_avx2.c": (("-O3", "-fopenmp", "-mavx2"), ("avx2",)),
     "attention.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512), ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    "attention_avx2.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-mavx2", "-mfma"), ("avx2", "fma")),
     # includes attention.c: its library serves float32 and bfloat16 networks
     "attention_bf16.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512, "-mavx512bf16"),
                          ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
@@ -85,11 +87,14 @@ def build(source_name: str, flags: tuple[str, ...] | None = None, sources: Path 
 
 
 def _sources(source: Path) -> list[Path]:
-    """`source` and the files of its folder it includes (`#include "name.c"`, one level): a change to any of them
-    makes another library."""
-    included = [source.parent.joinpath(line.split('"')[1]) for line in source.read_text().splitlines()
-                if line.startswith('#include "')]
-    return [source, *included]
+    """`source` and the files of its folder it includes (`#include "name.c"`, and what those include): a change to
+    any of them makes another library."""
+    found = [source]
+    for path in found:  # grows as it goes: each file's includes are read in turn (a missing one: the compiler says)
+        for line in (path.read_text().splitlines() if path.is_file() else ()):
+            if line.startswith('#include "') and source.parent.joinpath(line.split('"')[1]) not in found:
+                found.append(source.parent.joinpath(line.split('"')[1]))
+    return found
 
 
 def kernel_directories() -> list[Path]:

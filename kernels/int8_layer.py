@@ -188,9 +188,13 @@ def _check(candidate: Kernel) -> None:
     layers (4 heads of 16; five sequences of 1-130 tokens, 236 rows: two chunks of the row-wise steps; the
     feed-forward output layer's input 8-bit and 12-bit), on one thread and on three: equal bit for bit."""
     attention_kernel = attention.kernel()
-    if int8_products.kernel() is None or attention_kernel is None:
-        raise KernelUnavailable(f"the int8 layer needs the VNNI and attention kernels: "
-                                f"{int8_products.why_not() or attention.why_not()}")
+    products = int8_products.kernel()
+    if products is None or products.instruction_set != "VNNI":
+        raise KernelUnavailable(f"the int8 layer needs the VNNI products kernel: "
+                                f"{int8_products.why_not() or f'the one here is the {products.instruction_set} one'}")
+    if attention_kernel is None or attention_kernel.instruction_set != "AVX-512":
+        found = attention.why_not() or f"the one here is the {attention_kernel.instruction_set} one"
+        raise KernelUnavailable(f"the int8 layer needs the AVX-512 attention kernel: {found}")
     generator = torch.Generator().manual_seed(0)
     config = BertConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                         intermediate_size=128, max_position_embeddings=160)

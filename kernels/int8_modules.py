@@ -2,8 +2,8 @@
 (kernels.int8_layer) does not take a batch, and the parts that layer is made from.
 
 Each module runs kernels.int8_rows' row-wise steps (numba's kernels or the reference formulas: the same bits) and
-its products in the VNNI kernel (kernels.int8_products) where the CPU has it, else `torch._int_mm` (the same
-integers). int8 runs on a CPU only: moving these modules to another device is refused, and a cast of the model
+its products in a C kernel (kernels.int8_products: VNNI or AVX2) where the CPU has one, else `torch._int_mm` (the
+same integers). int8 runs on a CPU only: moving these modules to another device is refused, and a cast of the model
 (bfloat16 around the int8 layers) leaves their int8 constants exact and re-derives what they read from its
 parameters.
 """
@@ -40,12 +40,12 @@ class Int8Linear(nn.Module):
     from `Int8GeluIntermediate`).
 
     The float constants (scales, bias) are plain attributes, not buffers, so that casting the model to
-    bfloat16 for the layers around this one leaves them exact. `blocked` is the weights in the VNNI kernel's
-    layout, where that kernel runs (None elsewhere).
+    bfloat16 for the layers around this one leaves them exact. `blocked` is the weights in the products kernel's
+    layout, where one runs (None elsewhere).
 
     `input_bits` 12 quantizes the input to 12 bits (held in int16) instead of 8, the weights staying int8: each
     product then runs as two int8 products, of the value's high and low parts (`int8_products.twelve_bit_products`),
-    at twice the cost and exactly."""
+    at twice the cost and exactly; the AVX2 kernel, whose products are 16-bit ones, takes them in one."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, smoothing: torch.Tensor | None = None,
                  input_bits: int = 8):
@@ -68,24 +68,24 @@ class Int8Linear(nn.Module):
         self.input_scale = torch.ones(self.in_features) if smoothing is None else 1.0 / smoothing.float()
         self.smoothed = smoothing is not None
         self._derive()
-        self.blocked = self.vnni.block(self.weight_t) if self.vnni is not None else None
+        self.blocked = self.products_kernel.block(self.weight_t) if self.products_kernel is not None else None
 
     def _derive(self) -> None:
         """What this layer reads besides its constants: numpy views of them, for numba's kernels (one conversion
-        fewer per call; same memory), and the VNNI kernel where it runs here."""
+        fewer per call; same memory), and the products kernel where one runs here."""
         self.weight_scale_array, self.bias_array = self.weight_scale.numpy(), self.bias.numpy()
         self.input_scale_array = self.input_scale.numpy()
-        vnni = int8_products.kernel()
-        self.vnni = vnni if vnni is not None and vnni.fits(self.in_features) else None
+        found = int8_products.kernel()
+        self.products_kernel = found if found is not None and found.fits(self.in_features) else None
 
     def __getstate__(self):
-        return {name: value for name, value in super().__getstate__().items() if name != "vnni"}
+        return {name: value for name, value in super().__getstate__().items() if name != "products_kernel"}
 
     def __setstate__(self, state):
         """A copy (copy.deepcopy) reads its own constants, and the loaded kernel of this process."""
         super().__setstate__(state)
         self._derive()
-        if self.vnni is None:
+        if self.products_kernel is None:
             self.blocked = None
 
     @classmethod
@@ -111,16 +111,17 @@ class Int8Linear(nn.Module):
         return int8_rows.quantize_rows(x, self.input_scale_array, self.input_bits)
 
     def products(self, x: QuantizedRows) -> torch.Tensor:
-        """The int32 products of quantized rows and the int8 weights: (rows, out) from the VNNI kernel where it
-        runs, else `_int_mm`'s, whose input is padded with zero rows as it wants; 12-bit rows as two such products."""
+        """The int32 products of quantized rows and the int8 weights: (rows, out) from the products kernel where one
+        runs, else `_int_mm`'s, whose input is padded with zero rows as it wants; 12-bit rows as two such products
+        (in one where the kernel takes 16-bit rows)."""
         values = x.values[:x.rows] if self.blocked is not None else x.values
-        if values.dtype != torch.int8:
+        if values.dtype != torch.int8 and not (self.blocked is not None and self.products_kernel.takes_16_bits):
             return int8_products.twelve_bit_products(values, self._int8_products)
         return self._int8_products(values)
 
     def _int8_products(self, values: torch.Tensor) -> torch.Tensor:
         if self.blocked is not None:
-            return self.vnni.matmul(values, self.blocked)
+            return self.products_kernel.matmul(values, self.blocked)
         if values.shape[0] < MIN_ROWS:
             values = torch.cat([values, values.new_zeros(MIN_ROWS - values.shape[0], values.shape[1])])
         return torch._int_mm(values, self.weight_t)

@@ -5,10 +5,11 @@ have different identities.
 What decides the bits of an int8 model's output, and what does not:
 - the row-wise steps (quantize, dequantize, GELU, residual and LayerNorm) are kernels.int8_reference's formulas on
   every path (the C layer, numba, the reference itself), bit for bit: `FORMULAS` names them;
-- the products are exact integers on every path (VNNI kernel or torch._int_mm);
-- attention is float32 attention whose rounding depends on the code that runs it: the C kernel
-  (kernels.attention, AVX-512) or torch's. The C layer runs the C kernel at every length; the modules run it up to
-  its longest sequence and torch's above; without AVX-512, torch's throughout;
+- the products are exact integers on every path (the VNNI or AVX2 kernel, or torch._int_mm);
+- attention is float32 attention whose rounding depends on the code that runs it: a C kernel
+  (kernels.attention, AVX-512 or AVX2: they sum in different orders) or torch's. The C layer runs the AVX-512 kernel
+  at every length; the modules run a kernel up to its longest sequence and torch's above; without AVX2, torch's
+  throughout;
 - everything else (embeddings, their LayerNorm, pooling, and torch's attention) is torch's, whose CPU kernels may
   round differently from one release or instruction set to the next: the identity names torch's version and the
   instruction set its kernels use here.
@@ -30,8 +31,9 @@ def attention_variant() -> str:
     """Which code computes attention inside int8 layers here, as the service's start-up arranges it."""
     if int8_layer.kernel() is not None:
         return "attention in C at every length"
-    if attention.kernel() is not None:
-        return f"attention in C up to {attention.MAX_LENGTH} tokens, torch's above"
+    found = attention.kernel()
+    if found is not None:
+        return f"attention in C ({found.instruction_set}) up to {attention.MAX_LENGTH} tokens, torch's above"
     return "attention torch's"
 
 
@@ -46,5 +48,6 @@ def describe() -> str:
     if int8_layer.kernel() is not None:
         return "each layer in one C call"
     steps = "row steps in numba" if int8_numba.AVAILABLE else "row steps in torch (numba is not installed)"
-    products = "VNNI products" if int8_products.kernel() is not None else "torch._int_mm products"
+    found = int8_products.kernel()
+    products = f"{found.instruction_set} products" if found is not None else "torch._int_mm products"
     return f"layers as modules, {steps}, {products}: {int8_layer.why_not()}"

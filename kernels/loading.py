@@ -85,3 +85,19 @@ class FirstUse:
     def why_not(self) -> str | None:
         """Why the kernel is None, once it has been asked for; None while it is available or not yet asked."""
         return self.reason
+
+
+class FirstOf:
+    """The first of several kernels for one job that runs here (a CPU's best instruction set first), each asked for
+    in order at the first call; `why_not` joins their reasons where none runs."""
+
+    def __init__(self, *choices: FirstUse):
+        self.choices = choices
+
+    def __call__(self):
+        return next((found for found in (choice() for choice in self.choices) if found is not None), None)
+
+    def why_not(self) -> str | None:
+        if self() is not None:
+            return None
+        return "; ".join(f"{choice.source_name}: {choice.why_not()}" for choice in self.choices)

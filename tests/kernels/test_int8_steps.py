@@ -142,16 +142,17 @@ def test_int8_linear_computes_the_textbook_per_token_product():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("vnni", [True, False])
-def test_twelve_bit_inputs_give_the_exact_products_as_two_int8_ones(vnni):
-    """Every value of 12 bits, the extremes included, against exact integer products, through the VNNI kernel and
-    through torch._int_mm (the high part's products are the large ones: 1,536 wide, all at the extremes)."""
+@pytest.mark.parametrize("kernel", [True, False])
+def test_twelve_bit_inputs_give_the_exact_products(kernel):
+    """Every value of 12 bits, the extremes included, against exact integer products, through the products kernel
+    (VNNI: two int8 products; AVX2: one 16-bit product) and through torch._int_mm (two int8 products; the high part's
+    products are the large ones: 1,536 wide, all at the extremes)."""
     linear = torch.nn.Linear(1536, 40)
     layer = Int8Linear.from_linear(linear, input_bits=12)
-    if not vnni:
+    if not kernel:
         layer.blocked = None
     elif layer.blocked is None:
-        pytest.skip("no VNNI kernel on this CPU")
+        pytest.skip("no products kernel on this CPU")
     every = torch.arange(-2047, 2048, dtype=torch.int16)
     values = torch.cat([every[:1536], every[-1536:], torch.full((1, 1536), 2047, dtype=torch.int16)[0],
                         torch.full((1, 1536), -2047, dtype=torch.int16)[0]]).reshape(4, 1536)
@@ -159,19 +160,19 @@ def test_twelve_bit_inputs_give_the_exact_products_as_two_int8_ones(vnni):
     weight_t[:, 0], weight_t[:, 1] = 127, -127  # columns whose sums reach the largest magnitudes
     layer.weight_t.copy_(weight_t)
     if layer.blocked is not None:
-        layer.blocked = layer.vnni.block(layer.weight_t)
+        layer.blocked = layer.products_kernel.block(layer.weight_t)
     rows = int8_rows.QuantizedRows(values, torch.ones(4), (4,), torch.float32)
     got = layer.products(rows)[:4]
     assert torch.equal(got.long(), values.long() @ weight_t.long())
     assert got[2, 0] == 2047 * 127 * 1536
 
 
-@pytest.mark.parametrize("vnni", [True, False])
-def test_a_twelve_bit_int8_linear_is_the_textbook_product_and_16_times_closer_to_float(vnni):
+@pytest.mark.parametrize("kernel", [True, False])
+def test_a_twelve_bit_int8_linear_is_the_textbook_product_and_16_times_closer_to_float(kernel):
     torch.manual_seed(3)
     linear = torch.nn.Linear(96, 40)
     layer = Int8Linear.from_linear(linear, input_bits=12)
-    if not vnni:
+    if not kernel:
         layer.blocked = None
     x = uneven_rows(33, 96, seed=3)
     x_scale = x.abs().amax(1, keepdim=True).clamp(min=1e-8) / 2047

@@ -4,6 +4,7 @@ equal to single, /info says what runs, and what cannot run is refused at start-u
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -61,13 +62,15 @@ def test_int8_says_which_path_runs_and_warns_off_the_c_layer(monkeypatch, caplog
     assert choose("int8", torch.device("cpu")).name.endswith("; each layer in one C call)")
     monkeypatch.setattr(int8_layer, "kernel", lambda: None)
     monkeypatch.setattr(int8_layer, "why_not", lambda: "no C compiler (cc) to build int8_layer.c")
-    monkeypatch.setattr(int8_products, "kernel", lambda: object())
+    monkeypatch.setattr(int8_products, "kernel", lambda: SimpleNamespace(instruction_set="VNNI"))
     monkeypatch.setattr(int8_numba, "AVAILABLE", True)
     with caplog.at_level("WARNING", logger="service"):
         precision = choose("int8", torch.device("cpu"))
     assert precision.is_int8 and precision.name.endswith(
         "; layers as modules, row steps in numba, VNNI products: no C compiler (cc) to build int8_layer.c)")
     assert "slower than one C call a layer" in caplog.text
+    monkeypatch.setattr(int8_products, "kernel", lambda: SimpleNamespace(instruction_set="AVX2"))
+    assert ", row steps in numba, AVX2 products: " in choose("int8", torch.device("cpu")).name
     monkeypatch.setattr(int8_products, "kernel", lambda: None)
     monkeypatch.setattr(int8_numba, "AVAILABLE", False)
     monkeypatch.setattr(int8_layer, "why_not", lambda: "this CPU lacks avx512_vnni")
