@@ -15,8 +15,9 @@ Which sequences: all of at most `MAX_LENGTH` tokens, torch the longer ones. The 
 tokens (kernels/c/attention.c says why).
 
 Where the CPU has AVX2 and FMA but no AVX-512, `kernels/c/attention_avx2.c` serves instead: the same algorithm and
-call, eight floats a vector (head sizes a multiple of 8), checked the same way. Its sums run in another order, so
-its outputs differ from the AVX-512 kernel's in the last bits (kernels.int8_path tells the two apart).
+call, eight floats a vector (head sizes a multiple of 8), checked the same way, for sequences of up to 256 tokens
+(`Avx2Kernel.max_length` says why). Its sums run in another order, so its outputs differ from the AVX-512 kernel's
+in the last bits (kernels.int8_path tells the two apart).
 
 A bfloat16 network's qkv goes to `kernels/c/attention_bf16.c` as it is, where the CPU has AVX512-BF16: the same
 algorithm in vdpbf16ps, bfloat16 in and out, so no layer copies qkv to float32 and its output back: 0.37-0.54x the
@@ -106,6 +107,9 @@ class Avx2Kernel(Kernel):
 
     instruction_set = "AVX2"
     lanes = 8
+    # 0.3-0.8x torch's time up to 224 tokens, 0.9-1.0x at 256 and level or slower at 512 on a Zen 3 (python -m
+    # bench.peak.attention --lengths ...): its key rows and scores outgrow the 32 KiB L1 there; torch's above
+    max_length = 256
 
 
 class BFloat16Kernel:

@@ -33,7 +33,7 @@ def attention_variant() -> str:
         return "attention in C at every length"
     found = attention.kernel()
     if found is not None:
-        return f"attention in C ({found.instruction_set}) up to {attention.MAX_LENGTH} tokens, torch's above"
+        return f"attention in C ({found.instruction_set}) up to {found.max_length} tokens, torch's above"
     return "attention torch's"
 
 

@@ -1,13 +1,14 @@
 """The C attention kernels against what runs without them, on packed query | key | value rows of random values:
 
-- float32 (kernels/c/attention.c) against torch's attention, one SDPA call per sequence (what model.attention runs
-  without the kernel);
+- float32 (kernels/c/attention.c, or attention_avx2.c on a CPU without AVX-512: the one that runs here) against
+  torch's attention, one SDPA call per sequence (what model.attention runs without the kernel);
 - bfloat16 (kernels/c/attention_bf16.c, AVX512-BF16) against the float32 kernel between a copy of qkv to float32 and
   one of its output back (what a bfloat16 network ran before it, and runs on a CPU without AVX512-BF16).
 
     python -m bench.peak.attention                       # 12 heads of 32 (all-MiniLM-L6-v2), 1 and 2 threads
     python -m bench.peak.attention --dtype bfloat16
     python -m bench.peak.attention --heads 12 --head-dim 64
+    python -m bench.peak.attention --lengths 128 192 224   # other lengths, batches of about 8,192 tokens
 
 Each row: sequences of one length, the fastest of 5 calls after a warm-up, the arithmetic done a second (QK^T and
 the weighted sum, 4 x length^2 x head width a sequence) and the largest difference from float32 SDPA on the same
@@ -24,12 +25,18 @@ from bench.serving.timing import best_ms
 from kernels import attention, int8_reference
 
 
+SEQUENCES = {32: 128, 96: 64, 150: 64, 256: 32, 512: 16}  # length: sequences in the batch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--lengths", type=int, nargs="+", default=list(SEQUENCES),
+                        help="sequence lengths: the default ones in their batches (SEQUENCES), others in batches of "
+                             "about 8,192 tokens")
     args = parser.parse_args()
     kernel = attention.kernel()
     if kernel is None:
@@ -43,7 +50,8 @@ def main() -> None:
           f"C / {peer} | largest difference |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for threads in args.threads:
         torch.set_num_threads(threads)
-        for length, count in ((32, 128), (96, 64), (150, 64), (256, 32), (512, 16)):
+        for length in args.lengths:
+            count = SEQUENCES.get(length, max(1, 8192 // length))
             spans = [(index * length, length) for index in range(count)]
             qkv = torch.randn(count * length, 3 * heads * head_dim, generator=torch.Generator().manual_seed(0))
             qkv = qkv.to(dtype)
