@@ -159,6 +159,8 @@ def server_command(system: str, checkpoint: Path, port: int, infinity: str | Non
         if not infinity:
             raise SystemExit("the infinity rows need --infinity PATH (the infinity_emb command)")
         engine, _, dtype = (option or ("torch-float16" if gpu else "torch-float32")).partition("-")
+        if "/" in infinity:  # a path: the ONNX row starts it from another directory (below)
+            infinity = str(Path(infinity).resolve())
         command = [infinity, "v2", "--model-id", str(checkpoint.resolve()), "--host", "127.0.0.1", "--port",
                    str(port), "--engine", engine, "--device", "cuda" if gpu else "cpu", "--dtype", dtype or "auto"]
         if engine != "optimum":
