@@ -67,8 +67,7 @@ class Kernel:
 
     def takes(self, dtype: torch.dtype) -> bool:
         """Whether `attend` takes qkv, and writes out, in `dtype` as they are."""
-        bfloat16 = dtype == torch.bfloat16 and self.instruction_set == "AVX-512" and bfloat16_kernel() is not None
-        return dtype == torch.float32 or bfloat16
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and bfloat16_kernel() is not None)
 
     def attend(self, qkv: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, longest: int, num_heads: int,
                head_dim: int, out: torch.Tensor, threads: int | None = None) -> None:
@@ -110,6 +109,9 @@ class Avx2Kernel(Kernel):
     # 0.3-0.8x torch's time up to 224 tokens, 0.9-1.0x at 256 and level or slower at 512 on a Zen 3 (python -m
     # bench.peak.attention --lengths ...): its key rows and scores outgrow the 32 KiB L1 there; torch's above
     max_length = 256
+
+    def takes(self, dtype: torch.dtype) -> bool:
+        return dtype == torch.float32  # a bfloat16 network's qkv comes in as float32 copies (model.attention)
 
 
 class BFloat16Kernel:

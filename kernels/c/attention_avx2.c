@@ -125,20 +125,15 @@ static void attend_head(const void *qkv_rows, int64_t start, int64_t length, int
     const float *keys = base + hidden + h * head_dim, *values = base + 2 * hidden + h * head_dim;
     for (int64_t d = 0; d < head_dim; d++)
         for (int64_t j = 0; j < padded; j++) keys_t[d * padded + j] = j < length ? keys[j * stride + d] * scale : 0.0f;
+    float *out_base = out + start * hidden;
     int64_t first = 0;
-    for (; length - first >= QUERY_ROWS; first += QUERY_ROWS)
-        attend_rows(base, keys_t, values, scores, out + start * hidden, first, QUERY_ROWS, length, padded, stride,
-                    hidden, h, head_dim);
-    for (int block = 4; block >= 1; block /= 2) {
-        if (length - first < block) continue;
-        if (block == 4) attend_rows(base, keys_t, values, scores, out + start * hidden, first, 4, length, padded,
-                                    stride, hidden, h, head_dim);
-        if (block == 2) attend_rows(base, keys_t, values, scores, out + start * hidden, first, 2, length, padded,
-                                    stride, hidden, h, head_dim);
-        if (block == 1) attend_rows(base, keys_t, values, scores, out + start * hidden, first, 1, length, padded,
-                                    stride, hidden, h, head_dim);
-        first += block;
-    }
+#define ROWS(block) attend_rows(base, keys_t, values, scores, out_base, first, block, length, padded, stride, hidden, \
+                                h, head_dim); first += block
+    while (length - first >= QUERY_ROWS) { ROWS(QUERY_ROWS); }
+    if (length - first >= 4) { ROWS(4); }
+    if (length - first >= 2) { ROWS(2); }
+    if (length - first >= 1) { ROWS(1); }
+#undef ROWS
 }
 
 /* attention.c's attend_packed, the same call. */
