@@ -12,11 +12,12 @@ Which sequences: all of at most `MAX_LENGTH` tokens, torch the longer ones. The 
 (one key or value vector loaded for 8 multiply-adds, 8 independent sums). On 64 sequences of 150 tokens, 12 heads of
 32, two threads, it takes 0.49x the time of one SDPA call per sequence (17.2 against 35.4 ms; 0.43x at 12 heads of
 64), and 0.69x at 512 tokens (`python -m bench.peak.attention`). Row by row it would be slower than torch's from 128
-tokens (kernels/c/attention.c says why).
+tokens (kernels/c/attention_float32.c says why).
 
-Where the CPU has AVX2 and FMA but no AVX-512, `kernels/c/attention_avx2.c` serves instead: the same algorithm and
-call, eight floats a vector (head sizes a multiple of 8), checked the same way, for sequences of up to 256 tokens
-(`Avx2Kernel.max_length` says why). Its sums run in another order, so its outputs differ from the AVX-512 kernel's
+Where the CPU has AVX2 and FMA but no AVX-512, `kernels/c/attention_avx2.c` serves instead: the same algorithm
+(`attention_float32.c`, written once over each instruction set's vector vocabulary) and call, eight floats a vector
+(head sizes a multiple of 8), checked the same way, for sequences of up to 256 tokens (`Avx2Kernel.max_length` says
+why). Its sums run in another order, so its outputs differ from the AVX-512 kernel's
 in the last bits (kernels.int8_path tells the two apart).
 
 A bfloat16 network's qkv goes to `kernels/c/attention_bf16.c` as it is, where the CPU has AVX512-BF16: the same

@@ -132,7 +132,7 @@ def test_the_installed_copy_is_what_runs_and_carries_its_c_sources(installed):
                                       "trainer)] + sorted(p.name for p in b.SOURCES.glob('*.c'))))"))
     assert all(Path(path).is_relative_to(installed["site"]) for path in where[:5]), where
     assert where[5:] == sorted(path.name for path in (REPO_ROOT / "kernels" / "c").glob("*.c"))  # kernels, includes
-    assert {"attention_avx2.c", "attention_teams.c", "int8_products_avx2.c"} <= set(where[5:])
+    assert {"attention_float32.c", "attention_teams.c", "vectors_avx2.c", "vectors_avx512.c"} <= set(where[5:])
 
 
 def test_pyproject_declares_every_third_party_module_the_installed_packages_import(installed):
