@@ -69,6 +69,10 @@ class Kernel:
         """Whether a layer with this many inputs can use the kernel (it reads them four at a time)."""
         return in_features % 4 == 0
 
+    def blocked_bytes(self, in_features: int, out_features: int) -> int:
+        """Bytes of a layer's weights in the kernel's blocked layout (held beside the int8 weights themselves)."""
+        return self._blocked_size(in_features, out_features)
+
     def block(self, weight_t: torch.Tensor) -> BlockedWeights:
         """weight_t (k, n) int8, as `torch._int_mm` takes it -> the kernel's blocked layout."""
         weight_t = weight_t.contiguous()

@@ -31,15 +31,16 @@ class Row:
     # CUDA graphs: the share of batches replayed as one, and the rows they added beyond the real tokens (per real token)
     graphed: float | None = None
     graph_padding: float | None = None
+    arrangement: str = ""  # an in-process limit's best batch size and batches in parallel
 
 
-def table(rows: list[Row], best_arrangement: str) -> str:
+def table(rows: list[Row]) -> str:
     head = ("| system | concurrency | inputs/request | req/s | seq/s | tokens/s | p50 ms | p95 ms | p99 ms | "
             "mean batch | padding | vs limit |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
-        conc = f"– ({best_arrangement})" if r.concurrency == 0 else str(r.concurrency)
+        conc = f"– ({r.arrangement})" if r.concurrency == 0 else str(r.concurrency)
         lines.append(f"| {r.system} | {conc} | {r.inputs_per_request or '–'} | {r.requests_per_s:.1f} | "
                      f"{r.sequences_per_s:.1f} | {r.tokens_per_s:,.0f} | "
                      f"{fmt(r.p50_ms or None, '.1f')} | {fmt(r.p95_ms or None, '.1f')} | {fmt(r.p99_ms or None, '.1f')} | "

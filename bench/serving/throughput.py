@@ -224,12 +224,14 @@ def main(argv=None) -> int:
           f"device {'cuda: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")
 
     limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes)
-    limit.inputs_per_request = 0  # no requests: the table shows a dash
+    limit.inputs_per_request, limit.arrangement = 0, arrangement_label(*best_arrangement)  # no requests: a dash
     limits = {"auto": limit}
     for dtype in dict.fromkeys(system_dtype(system) for system, _ in plans):
         if dtype not in limits:  # the same engine in this dtype, for the rows that serve it
-            limits[dtype] = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes, dtype)[0]
+            limits[dtype], arrangement, _, _ = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes,
+                                                             dtype)
             limits[dtype].system, limits[dtype].inputs_per_request = f"limit (in-process, {dtype})", 0
+            limits[dtype].arrangement = arrangement_label(*arrangement)
     print(f"# one forward pass of one input (median over lengths): {single_ms:.2f} ms")
     print("# in-process sequences/s by batch size: " + ", ".join(
         f"{arrangement_label(*arrangement)} {rate:.0f}" for arrangement, rate in sweep.items()))
@@ -261,7 +263,7 @@ def main(argv=None) -> int:
         finally:
             process.terminate()
             process.wait(timeout=60)
-    print(table(rows, arrangement_label(*best_arrangement)))
+    print(table(rows))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0

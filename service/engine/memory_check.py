@@ -2,15 +2,17 @@
 models or does not start, and says what would not fit, with the figures.
 
 Each model's need is estimated from its weight files and its config: the weights in the precision it will compute
-in (its safetensors header gives each tensor's element count; int8 keeps the encoder's Linear weights in one byte and
-the rest in four), its activations for one batch at the token budget (the widest layer's, several at once), and on
-a GPU as much again for the CUDA graphs' memory pool. What is free: the GPU's free memory (torch.cuda.mem_get_info),
-or on a CPU what the kernel calls available, within the container's memory limit (cgroup v2).
+in (its safetensors header gives each tensor's shape; int8 keeps the encoder layers' Linear weights in one byte, plus
+the int8 products kernel's blocked copy where one runs, and the rest in four), its activations for one batch at the
+token budget (the widest layer's, several at once), and on a GPU as much again for the CUDA graphs' memory pool.
+What is free: the GPU's free memory (torch.cuda.mem_get_info), or on a CPU what the kernel calls available, within
+the container's memory limit (cgroup v2).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,32 +33,44 @@ class Need:
         return self.weight_bytes + self.activation_bytes
 
 
-def tensor_elements(directory: Path) -> dict[str, int]:
-    """Each tensor's element count from the checkpoint's safetensors headers (no weights read)."""
-    counts: dict[str, int] = {}
+def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape from the checkpoint's safetensors headers (no weights read)."""
+    shapes: dict[str, tuple[int, ...]] = {}
     for path in sorted(directory.glob("*.safetensors")):
         with open(path, "rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(length))
-        for name, info in header.items():
-            if name != "__metadata__":
-                elements = 1
-                for size in info["shape"]:
-                    elements *= size
-                counts[name] = elements
-    return counts
+        shapes.update((name, tuple(info["shape"])) for name, info in header.items() if name != "__metadata__")
+    return shapes
+
+
+def quantized_in_int8(name: str, shape: tuple[int, ...]) -> bool:
+    """Whether --dtype int8 turns this tensor into an int8 Linear's weights: an encoder layer's Linear (keys with or
+    without a model prefix: `bert.encoder.layer.0...` in BertForPreTraining's files, `encoder.layer.0...` in
+    BertModel's)."""
+    return (name.startswith("encoder.layer.") or ".encoder.layer." in name) and name.endswith(".weight") \
+        and "LayerNorm" not in name and len(shape) == 2
+
+
+def int8_linear_bytes(out_features: int, in_features: int) -> int:
+    """An int8 Linear's weights: one byte each, and as many again in the products kernel's blocked layout where one
+    runs here (two again for the AVX2 kernel's 16-bit pairs)."""
+    from kernels import int8_products  # the kernel's own layout; loaded only for an int8 model
+
+    found = int8_products.kernel()
+    blocked = found.blocked_bytes(in_features, out_features) if found is not None and found.fits(in_features) else 0
+    return out_features * in_features + blocked
 
 
 def model_need(name: str, directory: Path, dtype: str, config, batch_tokens: int, on_gpu: bool) -> Need:
     """The memory one model will take, estimated (see the module's doc). `dtype` as resolved (auto: bfloat16 on a
     GPU, else float32: the larger of what a CPU may choose)."""
-    counts = tensor_elements(directory)
+    shapes = tensor_shapes(directory)
     if dtype == "int8":
-        linear = sum(n for key, n in counts.items() if ".encoder.layer." in key and key.endswith(".weight")
-                     and "LayerNorm" not in key)
-        weights = linear + 4 * (sum(counts.values()) - linear)
+        weights = sum(int8_linear_bytes(*shape) if quantized_in_int8(key, shape) else 4 * math.prod(shape)
+                      for key, shape in shapes.items())
     else:
-        weights = ELEMENT_BYTES.get(dtype, 4) * sum(counts.values())
+        weights = ELEMENT_BYTES.get(dtype, 4) * sum(math.prod(shape) for shape in shapes.values())
     element = 4 if dtype in ("float32", "int8") else 2
     widest = max(config.intermediate_size, 3 * config.hidden_size)
     activations = ACTIVATION_COPIES * batch_tokens * widest * element
