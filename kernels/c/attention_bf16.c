@@ -47,8 +47,8 @@ static inline int32_t pair_at(const bf16 *where) {
     return pair;
 }
 
-/* Rows first .. first + block - 1 of one head of one sequence, inlined with a constant `block` (attention.c's
- * attend_rows says why). keys_pairs: for each pair of dimensions p, each key j's (k[j][2p], k[j][2p + 1]), so that
+/* Rows first .. first + block - 1 of one head of one sequence, inlined with a constant `block` (attend_rows in
+ * attention_float32.c says why). keys_pairs: for each pair of dimensions p, each key j's (k[j][2p], k[j][2p + 1]), so that
  * 16 keys' scores are head_dim / 2 vdpbf16ps. value_pairs: for each pair of rows m, each dimension d's
  * (v[2m][d], v[2m + 1][d]), so that 16 dimensions of the weighted sum take one vdpbf16ps per two keys. */
 static inline __attribute__((always_inline)) void attend_rows_bf16(
@@ -152,7 +152,7 @@ static void attend_head_bf16(const void *qkv_rows, int64_t start, int64_t length
 #undef ROWS
 }
 
-/* attend_packed (attention.c) in bfloat16: `scratch` holds `scratch_bytes` bytes for each thread, at least
+/* attend_packed (attention_float32.c) in bfloat16: `scratch` holds `scratch_bytes` bytes for each thread, at least
  * attention_bf16_scratch_bytes(head_dim, the longest length). */
 void attend_packed_bf16(const bf16 *qkv, const int64_t *starts, const int64_t *lengths, int64_t count, int64_t heads,
                         int64_t head_dim, float scale, bf16 *out, char *scratch, int64_t scratch_bytes,
