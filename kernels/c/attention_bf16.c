@@ -48,8 +48,8 @@ static inline int32_t pair_at(const bf16 *where) {
 }
 
 /* Rows first .. first + block - 1 of one head of one sequence, inlined with a constant `block` (attend_rows in
- * attention_float32.c says why). keys_pairs: for each pair of dimensions p, each key j's (k[j][2p], k[j][2p + 1]), so that
- * 16 keys' scores are head_dim / 2 vdpbf16ps. value_pairs: for each pair of rows m, each dimension d's
+ * attention_float32.c says why). keys_pairs: for each pair of dimensions p, each key j's (k[j][2p], k[j][2p + 1]), so
+ * that 16 keys' scores are head_dim / 2 vdpbf16ps. value_pairs: for each pair of rows m, each dimension d's
  * (v[2m][d], v[2m + 1][d]), so that 16 dimensions of the weighted sum take one vdpbf16ps per two keys. */
 static inline __attribute__((always_inline)) void attend_rows_bf16(
         const bf16 *base, const bf16 *keys_pairs, const bf16 *value_pairs, float *scores, bf16 *weights,
