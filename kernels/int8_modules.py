@@ -75,8 +75,7 @@ class Int8Linear(nn.Module):
         fewer per call; same memory), and the products kernel where one runs here."""
         self.weight_scale_array, self.bias_array = self.weight_scale.numpy(), self.bias.numpy()
         self.input_scale_array = self.input_scale.numpy()
-        found = int8_products.kernel()
-        self.products_kernel = found if found is not None and found.fits(self.in_features) else None
+        self.products_kernel = int8_products.kernel_for(self.in_features)
 
     def __getstate__(self):
         return {name: value for name, value in super().__getstate__().items() if name != "products_kernel"}

@@ -159,3 +159,9 @@ vnni_kernel = FirstUse(SOURCE_NAME, Kernel, _check, "int8 products: the AVX2 ker
 avx2_kernel = FirstUse(AVX2_SOURCE_NAME, Avx2Kernel, _check, "int8 products: torch._int_mm")
 kernel = FirstOf(vnni_kernel, avx2_kernel)
 why_not = kernel.why_not
+
+
+def kernel_for(in_features: int) -> Kernel | None:
+    """The products kernel a layer with this many inputs uses here (None: torch._int_mm's products)."""
+    found = kernel()
+    return found if found is not None and found.fits(in_features) else None

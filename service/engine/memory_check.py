@@ -57,9 +57,8 @@ def int8_linear_bytes(out_features: int, in_features: int) -> int:
     runs here (two again for the AVX2 kernel's 16-bit pairs)."""
     from kernels import int8_products  # the kernel's own layout; loaded only for an int8 model
 
-    found = int8_products.kernel()
-    blocked = found.blocked_bytes(in_features, out_features) if found is not None and found.fits(in_features) else 0
-    return out_features * in_features + blocked
+    found = int8_products.kernel_for(in_features)
+    return out_features * in_features + (found.blocked_bytes(in_features, out_features) if found is not None else 0)
 
 
 def model_need(name: str, directory: Path, dtype: str, config, batch_tokens: int, on_gpu: bool) -> Need:
