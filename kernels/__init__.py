@@ -4,8 +4,8 @@ and attention for short sequences, in C (built with the machine's compiler at fi
 The layout, from the formulas out:
 - int8_reference: the int8 formulas in plain torch, the definition every other implementation gives the bits of;
 - int8_numba, int8_rows: those steps as numba kernels, and the dispatch between numba and the reference;
-- int8_products, attention, int8_layer: the C kernels' wrappers (VNNI products, attention in float32 and
-  bfloat16, a whole int8 layer);
+- int8_products, attention, int8_layer: the C kernels' wrappers (int8 products, attention in float32 and
+  bfloat16, a whole int8 layer; each for AVX-512 and for AVX2 alone);
   c/ holds their sources, build compiles them (`python -S -m kernels.build`), loading loads and checks them,
   cpu_features says what the CPU can run;
 - int8_modules, quantize: the int8 modules and the quantizer that puts them into a model;

@@ -37,9 +37,13 @@ KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # includes attention.c: its library serves float32 and bfloat16 networks
     "attention_bf16.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512, "-mavx512bf16"),
                          ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
-    # includes the two above (a library of its own: one call a layer)
+    # each includes a products and an attention kernel above (a library of its own: one call a layer)
     "int8_layer.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", *AVX512, "-mavx512vnni"),
                      ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")),
+    # -fno-trapping-math: without AVX-512's masks, gcc vectorizes a loop with a float compare-and-select (GELU's
+    # clamp, rounding half away from zero) only when compares need not raise exceptions; no value changes
+    "int8_layer_avx2.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", "-fno-trapping-math", "-mavx2",
+                           "-mfma"), ("avx2", "fma")),
 }
 
 

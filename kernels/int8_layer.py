@@ -1,4 +1,5 @@
-"""Whole int8 encoder layers in one C call (`kernels/c/int8_layer.c`) on CPUs with AVX512-VNNI and AVX-512.
+"""Whole int8 encoder layers in one C call: `kernels/c/int8_layer.c` on CPUs with AVX512-VNNI and AVX-512,
+`kernels/c/int8_layer_avx2.c` (the same body over the AVX2 products and attention) on CPUs with AVX2 and FMA.
 
 At one sentence a batch, the Python around an int8 layer (module calls, allocations, twelve kernel calls a layer)
 costs about as much as the layer's arithmetic, and runs on one thread. `Int8FusedLayer` takes the place of a
@@ -9,8 +10,10 @@ no gradients asked for. Elsewhere the parts run as before. Faster than the parts
 few rows (BENCHMARKS.md, "One query at a time on a CPU"), and a sequence gets the same bits alone or in any batch.
 
 The C layer computes kernels.int8_reference's formulas, bit for bit, with kernels.attention's attention, on torch's
-thread count (OpenMP, torch's own pool). Before first use it is held to exactly that on a small random layer;
-`kernel()` is None where it cannot run, and `why_not()` says why.
+thread count (OpenMP, torch's own pool). Each variant needs the products and attention kernels of its own instruction
+set to be the ones this process runs (the layers' weights are in the products kernel's layout, and the modules'
+attention must be the layer's). Before first use it is held to exactly that on a small random layer; `kernel()` is
+None where neither variant can run, and `why_not()` says why.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import torch
 from kernels import attention, int8_products, int8_reference
 from kernels.int8_modules import Int8GeluIntermediate, Int8Linear, Int8ResidualNorm, fuse_int8_steps, \
     refuse_device_moves
-from kernels.loading import FirstUse, KernelUnavailable
+from kernels.loading import FirstOf, FirstUse, KernelUnavailable
 from model.bert import BertLayer
 from model.config import BertConfig
 from model.packing import Packing
 
 SOURCE_NAME = "int8_layer.c"
+AVX2_SOURCE_NAME = "int8_layer_avx2.c"
 
 
 class _Dense(ctypes.Structure):
@@ -50,16 +54,16 @@ def int8_denses(layer: BertLayer) -> tuple[Int8Linear, Int8Linear, Int8Linear, I
 
 
 def fusable(layer: BertLayer) -> bool:
-    """Whether `layer`'s parts are the int8 ones the C layer computes, with weights in the VNNI kernel's layout: int8
-    inputs throughout, but for the feed-forward output layer's, which may be 12-bit."""
+    """Whether `layer`'s parts are the int8 ones the C layer computes, with weights in the products kernel's layout:
+    int8 inputs throughout, but for the feed-forward output layer's, which may be 12-bit."""
     parts = (layer.attention.self.fused_qkv, layer.attention.output, layer.intermediate, layer.output)
     if not (isinstance(parts[0], Int8Linear) and isinstance(parts[1], Int8ResidualNorm)
             and isinstance(parts[2], Int8GeluIntermediate) and isinstance(parts[3], Int8ResidualNorm)):
         return False
-    denses = int8_denses(layer)
+    denses, attention_kernel = int8_denses(layer), attention.kernel()
     return all(dense.blocked is not None for dense in denses) and \
         all(dense.input_bits == 8 for dense in denses[:3]) and \
-        attention.Kernel.fits(layer.attention.self.head_dim)
+        attention_kernel is not None and attention_kernel.fits(layer.attention.self.head_dim)
 
 
 def layer_constants(layer: BertLayer) -> int8_reference.Layer:
@@ -98,7 +102,10 @@ class LayerWeights:
 
 
 class Kernel:
-    """The loaded library."""
+    """The loaded VNNI library."""
+
+    products = "VNNI"  # the instruction sets of the products and attention kernels it is built over
+    attention = "AVX-512"
 
     def __init__(self, library: ctypes.CDLL):
         pointer, size = ctypes.c_void_p, ctypes.c_int64
@@ -124,6 +131,13 @@ class Kernel:
         self._layer(struct, x.data_ptr(), rows, packing.starts.data_ptr(), packing.lengths.data_ptr(),
                     len(packing.starts), longest, out.data_ptr(), workspace.data_ptr(), threads)
         return out
+
+
+class Avx2Kernel(Kernel):
+    """The loaded AVX2 library: the same calls."""
+
+    products = "AVX2"
+    attention = "AVX2"
 
 
 class Int8FusedLayer(BertLayer):
@@ -189,12 +203,12 @@ def _check(candidate: Kernel) -> None:
     feed-forward output layer's input 8-bit and 12-bit), on one thread and on three: equal bit for bit."""
     attention_kernel = attention.kernel()
     products = int8_products.kernel()
-    if products is None or products.instruction_set != "VNNI":
-        raise KernelUnavailable(f"the int8 layer needs the VNNI products kernel: "
+    if products is None or products.instruction_set != candidate.products:
+        raise KernelUnavailable(f"the int8 layer needs the {candidate.products} products kernel: "
                                 f"{int8_products.why_not() or f'the one here is the {products.instruction_set} one'}")
-    if attention_kernel is None or attention_kernel.instruction_set != "AVX-512":
+    if attention_kernel is None or attention_kernel.instruction_set != candidate.attention:
         found = attention.why_not() or f"the one here is the {attention_kernel.instruction_set} one"
-        raise KernelUnavailable(f"the int8 layer needs the AVX-512 attention kernel: {found}")
+        raise KernelUnavailable(f"the int8 layer needs the {candidate.attention} attention kernel: {found}")
     generator = torch.Generator().manual_seed(0)
     config = BertConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                         intermediate_size=128, max_position_embeddings=160)
@@ -214,6 +228,9 @@ def _check(candidate: Kernel) -> None:
                                         f"{threads} thread(s)")
 
 
-# The kernel, built and checked at the first call (None where it cannot run); why_not() says why not.
-kernel = FirstUse(SOURCE_NAME, Kernel, _check, "int8 layers: one module call per part")
+# Each variant, built and checked at its first call (None where it cannot run), and the one the layers use: VNNI's
+# where it runs, else AVX2's (None where neither can run; why_not() says why not).
+vnni_kernel = FirstUse(SOURCE_NAME, Kernel, _check, "int8 layers: the AVX2 C layer or one module call per part")
+avx2_kernel = FirstUse(AVX2_SOURCE_NAME, Avx2Kernel, _check, "int8 layers: one module call per part")
+kernel = FirstOf(vnni_kernel, avx2_kernel)
 why_not = kernel.why_not

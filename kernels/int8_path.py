@@ -7,9 +7,9 @@ What decides the bits of an int8 model's output, and what does not:
   every path (the C layer, numba, the reference itself), bit for bit: `FORMULAS` names them;
 - the products are exact integers on every path (the VNNI or AVX2 kernel, or torch._int_mm);
 - attention is float32 attention whose rounding depends on the code that runs it: a C kernel
-  (kernels.attention, AVX-512 or AVX2: they sum in different orders) or torch's. The C layer runs the AVX-512 kernel
-  at every length; the modules run a kernel up to its longest sequence and torch's above; without AVX2, torch's
-  throughout;
+  (kernels.attention, AVX-512 or AVX2: they sum in different orders) or torch's. The C layer runs its instruction
+  set's kernel at every length; the modules run a kernel up to its longest sequence and torch's above; without AVX2,
+  torch's throughout;
 - everything else (embeddings, their LayerNorm, pooling, and torch's attention) is torch's, whose CPU kernels may
   round differently from one release or instruction set to the next: the identity names torch's version and the
   instruction set its kernels use here.
@@ -29,8 +29,9 @@ FORMULAS = "int8 formulas 2"  # raise the number whenever kernels.int8_reference
 
 def attention_variant() -> str:
     """Which code computes attention inside int8 layers here, as the service's start-up arranges it."""
-    if int8_layer.kernel() is not None:
-        return "attention in C at every length"
+    layer = int8_layer.kernel()
+    if layer is not None:
+        return f"attention in C ({layer.attention}) at every length"
     found = attention.kernel()
     if found is not None:
         return f"attention in C ({found.instruction_set}) up to {found.max_length} tokens, torch's above"

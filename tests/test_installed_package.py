@@ -26,7 +26,7 @@ from packaging.requirements import Requirement
 
 from devkit.paths import REPO_ROOT
 from devkit.server import free_port, start
-from kernels import int8_layer
+from kernels import attention, int8_layer, int8_products
 
 pytestmark = pytest.mark.timeout(300)
 PRODUCT = ("model", "kernels", "service", "corpus", "trainer")
@@ -132,7 +132,8 @@ def test_the_installed_copy_is_what_runs_and_carries_its_c_sources(installed):
                                       "trainer)] + sorted(p.name for p in b.SOURCES.glob('*.c'))))"))
     assert all(Path(path).is_relative_to(installed["site"]) for path in where[:5]), where
     assert where[5:] == sorted(path.name for path in (REPO_ROOT / "kernels" / "c").glob("*.c"))  # kernels, includes
-    assert {"attention_float32.c", "attention_teams.c", "vectors_avx2.c", "vectors_avx512.c"} <= set(where[5:])
+    included = {"attention_float32.c", "attention_teams.c", "int8_layer_body.c", "vectors_avx2.c", "vectors_avx512.c"}
+    assert included <= set(where[5:])
 
 
 def test_pyproject_declares_every_third_party_module_the_installed_packages_import(installed):
@@ -176,8 +177,9 @@ def test_the_installed_server_serves_int8_with_the_c_kernels(installed):
     if int8_layer.kernel() is not None:  # this machine runs the C layer from the checkout: so must the installed copy
         assert precision.endswith("; each layer in one C call)"), precision
         # built from the installed sources into the kernel directory: nothing written beside the package
-        assert sorted(p.name.split("-")[0] for p in installed["built"].glob("*.so")) == \
-            ["attention", "int8_layer", "int8_products"]
+        used = [next(choice.source_name.removesuffix(".c") for choice in module.kernel.choices if choice())
+                for module in (attention, int8_layer, int8_products)]  # each the first of its kinds that runs here
+        assert sorted(p.name.split("-")[0] for p in installed["built"].glob("*.so")) == sorted(used)
         assert list((installed["site"] / "kernels").rglob("*.so")) == []
     else:
         assert "layers as modules" in precision and int8_layer.why_not() in precision, precision

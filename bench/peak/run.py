@@ -152,7 +152,7 @@ def report(cpu: str, cores: int, command: str, date: str, alu_peaks, matmul_peak
         lines.append(f"\n{model}: int8 in bulk reaches {fraction:.0%} of the int8 arithmetic peak "
                      f"(target ≥ {INT8_BULK_TARGET:.0%}: {verdict}).")
     for model, found in profiles.items():
-        products_share = found["shares"].get("int8 products (VNNI)", 0.0)
+        products_share = found["shares"].get("int8 products", 0.0)
         work = next(r.work for r in rates if r.model == model and r.precision == "int8")
         products_rate = found["sentences_per_s"] * work.linear_ops / products_share if products_share else 0.0
         lines += [f"\nWhere int8's time goes, {model}, bulk (batch {found['batch_size']}, one core, "

@@ -1,7 +1,7 @@
 """Where the int8 engine's time goes in bulk, on one core: py-spy samples (native frames included) of the engine
 running large batches on one thread, each sample put in the first category its stack names, from the innermost
-frame out: the VNNI products, attention, quantization, residual + LayerNorm, the rest of kernels/c/int8_layer.c's
-steps (dequantization and GELU, which the compiler inlines into the layer's body), torch's own operations
+frame out: the int8 products (VNNI or AVX2), attention, quantization, residual + LayerNorm, the rest of the C
+layer's steps (dequantization and GELU, which the compiler inlines into the layer's body), torch's own operations
 (embeddings, pooling, copies), Python.
 
 One thread, because the bulk limit runs one batch a core (bench/serving/in_process_limit.py): each core's time is
@@ -23,7 +23,7 @@ from pathlib import Path
 
 # (category, the frame-name prefixes that put a sample in it), searched in this order from the innermost frame out.
 CATEGORIES = (
-    ("int8 products (VNNI)", ("rows_times_blocks", "products_share", "matmul_blocked")),
+    ("int8 products", ("rows_times_blocks", "products_share", "products_part", "matmul_blocked")),
     ("attention (float32)", ("attention_share", "attend_packed", "attend_head")),
     ("quantize rows", ("quantize_rows",)),
     ("residual + LayerNorm", ("residual_norm_rows",)),

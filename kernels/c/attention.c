@@ -14,9 +14,3 @@
 #include "vectors_avx512.c"
 #include "attention_float32.c"
 
-/* The float32 share, as int8_layer.c's team calls it. */
-static inline void attention_share(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count,
-                                   int64_t heads, int64_t head_dim, float scale, float *out, float *scratch,
-                                   int64_t me, int64_t team) {
-    attention_share_of(attend_head, qkv, starts, lengths, count, heads, head_dim, scale, out, scratch, me, team);
-}

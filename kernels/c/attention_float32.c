@@ -132,3 +132,10 @@ void attend_packed(const float *qkv, const int64_t *starts, const int64_t *lengt
     attend_packed_with(attend_head, qkv, starts, lengths, count, heads, head_dim, scale, out, (char *)scratch,
                        scratch_floats * (int64_t)sizeof(float), threads);
 }
+
+/* The float32 share, as int8_layer.c's and int8_layer_avx2.c's teams call it. */
+static inline void attention_share(const float *qkv, const int64_t *starts, const int64_t *lengths, int64_t count,
+                                   int64_t heads, int64_t head_dim, float scale, float *out, float *scratch,
+                                   int64_t me, int64_t team) {
+    attention_share_of(attend_head, qkv, starts, lengths, count, heads, head_dim, scale, out, scratch, me, team);
+}

@@ -24,6 +24,11 @@
 #define BLOCK_COLUMNS 64
 #define ROW_TILE 6
 
+/* What int8_layer.c's body needs to know of a products kernel: the type of the input rows it takes, and whether a
+ * 12-bit input goes in as one row (else as its high and low int8 parts, two products). */
+typedef int8_t product_input;
+#define PRODUCTS_TAKE_12_BITS 0
+
 /* Bytes `block_weights` writes for a (k, n) matrix; k must be a multiple of 4. */
 int64_t blocked_size(int64_t k, int64_t n) {
     return (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS * BLOCK_COLUMNS * k;

@@ -22,6 +22,10 @@
 #define BLOCK_COLUMNS 32
 #define ROW_TILE 3 /* 3 rows x 4 vectors of 8 int32 sums, a broadcast and a product in AVX2's 16 registers */
 
+/* As int8_products.c's: 16-bit input rows, and a 12-bit one in one product. */
+typedef int16_t product_input;
+#define PRODUCTS_TAKE_12_BITS 1
+
 /* Bytes `block_weights` writes for a (k, n) matrix; k must be even. */
 int64_t blocked_size(int64_t k, int64_t n) {
     return (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS * BLOCK_COLUMNS * k * (int64_t)sizeof(int16_t);
@@ -41,7 +45,7 @@ void block_weights(const int8_t *w, int64_t k, int64_t n, int16_t *blocked, int3
 }
 
 /* The lanes of a vector of 8 int32 that column `left` columns from the end still has: all-ones where stored. */
-static inline __m256i lanes_below(int64_t left) {
+static inline __m256i stored_lanes(int64_t left) {
     const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(left > 8 ? 8 : left)), index);
 }
@@ -70,7 +74,7 @@ static inline __m256i lanes_below(int64_t left) {
             if (left <= 0) break;                                                                             \
             for (int r = 0; r < ROWS; r++) {                                                                  \
                 if (left >= 8) _mm256_storeu_si256((__m256i *)(c + r * ldc + 8 * j), sum[r][j]);              \
-                else _mm256_maskstore_epi32(c + r * ldc + 8 * j, lanes_below(left), sum[r][j]);               \
+                else _mm256_maskstore_epi32(c + r * ldc + 8 * j, stored_lanes(left), sum[r][j]);               \
             }                                                                                                 \
         }                                                                                                     \
     }
@@ -96,6 +100,14 @@ static void products_part(const int16_t *a, int64_t m, int64_t k, const int16_t 
         if (last - r == 2) rows_times_block_2(a + r * k, k, block, steps, c + r * n + b * BLOCK_COLUMNS, n, columns);
         if (last - r == 1) rows_times_block_1(a + r * k, k, block, steps, c + r * n + b * BLOCK_COLUMNS, n, columns);
     }
+}
+
+/* Thread `me` of `team`'s share, with int8_products.c's arguments, as int8_layer_avx2.c's team calls it: signed
+ * inputs need no correction. */
+static inline void products_share(const int16_t *a, int64_t m, int64_t k, const int16_t *blocked,
+                                  const int32_t *correction, int64_t n, int32_t *c, int64_t me, int64_t team) {
+    (void)correction;
+    products_part(a, m, k, blocked, n, c, me, team);
 }
 
 /* c (m, n) int32 = a (m, k) 16-bit values, row-major, times the blocked (k, n) weights, on up to `threads` of

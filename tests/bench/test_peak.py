@@ -75,7 +75,7 @@ def test_samples_go_to_the_innermost_named_part():
         "not a sample",
     ]
     found = shares(raw)
-    assert found == pytest.approx({"int8 products (VNNI)": 0.6, "attention (float32)": 0.2,
+    assert found == pytest.approx({"int8 products": 0.6, "attention (float32)": 0.2,
                                    "dequantize + GELU (inlined in int8_layer)": 0.1, TORCH_OPS: 0.05,
                                    UNRESOLVED: 0.03, PYTHON: 0.02})
     assert categorize(["main (a.py:1)", "quantize_rows"]) == "quantize rows"

@@ -32,7 +32,7 @@ def test_a_resume_on_a_host_with_another_int8_path_is_refused_naming_both(tmp_pa
                                 capture_output=True, text=True, timeout=300)
     assert other_host.returncode == 0, other_host.stderr
     theirs, ours = manifest(output)["identity"]["int8_path"], int8_path_identity()
-    assert theirs != ours and "attention in C at every length" in ours
+    assert theirs != ours and f"attention in C ({int8_layer.kernel().attention}) at every length" in ours
     written = read_output(output)
 
     refused = run_cli(args)
