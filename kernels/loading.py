@@ -54,6 +54,10 @@ class FirstUse:
     KernelUnavailable where its results differ from what it must compute. Calling it gives the wrapper, or None
     where the kernel cannot run; `why_not()` then says why (and `fallback`, what runs instead, is logged with it).
 
+    Any other exception from the wrapper or the check (a fault in this package, not the CPU's) is taken the same
+    way, logged as a warning with its traceback: the process keeps serving on the torch path, and the kernels' tests,
+    which accept only the reasons a CPU or a machine gives (test_build_and_load.py), fail on it.
+
     A check must leave the process as it found it: its own torch.Generator, never the global seed, and thread counts
     passed to the kernel rather than set on torch."""
 
@@ -78,6 +82,9 @@ class FirstUse:
             except KernelUnavailable as exc:
                 self.reason = str(exc)
                 log.info("%s (%s)", self.fallback, exc)
+            except Exception as exc:  # noqa: BLE001 - a fault in a wrapper or its check: the torch path still serves
+                self.reason = f"its first-use check failed: {type(exc).__name__}: {exc}"
+                log.warning("%s (%s)", self.fallback, self.reason, exc_info=True)
             finally:
                 self.checking, self.asked = False, True
         return self.kernel

@@ -27,7 +27,7 @@ typedef struct {
 /* Rows per pass of the row-wise steps. All of a batch's rows at once made each step stream its int32 products
  * (rows x 1536 x 4 bytes for all-MiniLM-L6-v2's feed-forward) through memory, and the workspace outgrow what malloc
  * keeps for reuse: at 128 sentences of 30 tokens one layer took twice the modules' time. 192 rows' products are
- * 1.2 MB. A multiple of the products' row tile (6). */
+ * 1.2 MB. A multiple of the products' row tile (6; the AVX2 kernel's 3). */
 #define CHUNK_ROWS 192
 
 /* The buffers of one call, carved out of one workspace (64-byte aligned pieces): whole-batch ones for attention's

@@ -106,14 +106,28 @@ def test_first_use_builds_once_and_keeps_the_reason_a_kernel_cannot_run(monkeypa
     assert working()[0] == "wrapped" and working() is working() and working.why_not() is None
 
 
+def test_a_fault_in_a_check_leaves_the_torch_path_serving_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(loading, "load", lambda name: object())
+
+    def faulty(candidate):
+        return candidate.fits()  # a bug of ours, not something this CPU lacks
+
+    broken = loading.FirstUse("some.c", lambda library: library, faulty, "torch's kernel")
+    with caplog.at_level("WARNING", logger="kernels"):
+        assert broken() is None and broken() is None
+    assert broken.why_not().startswith("its first-use check failed: AttributeError")
+    assert "torch's kernel" in caplog.text and "Traceback" in caplog.text
+
+
 def test_a_kernel_is_missing_only_where_it_cannot_run():
     """The kernels' tests skip where a kernel is missing; a kernel that fails its own check at first use must fail
     here instead of passing as "cannot run on this machine"."""
     for module in (int8_products, attention, int8_layer):
-        module.kernel()
-        reason = module.why_not()
-        assert reason is None or reason.startswith(("this CPU lacks", "no C compiler", "the C kernels are for",
-                                                    "cannot read the CPU's flags", "the int8 layer needs")), reason
+        for choice in module.kernel.choices:  # each instruction set's kernel, where the first that runs is used
+            choice()
+            reason = choice.why_not()
+            assert reason is None or reason.startswith(("this CPU lacks", "no C compiler", "the C kernels are for",
+                                                        "cannot read the CPU's flags", "the int8 layer needs")), reason
 
 
 def test_first_use_from_several_threads_builds_once_and_gives_all_the_kernel(monkeypatch):
