@@ -101,26 +101,27 @@ static float row_top(const float *restrict buffer, int64_t cols) {
     return top > 1e-8f ? top : 1e-8f;
 }
 
-/* Quantizes buffer[0 .. cols - 1] (already smoothed) into int8 values (held in the products kernel's input type);
- * returns the row's scale. */
-static float quantize_buffer(const float *restrict buffer, int64_t cols, product_input *restrict values) {
-    const float top = row_top(buffer, cols), to_int = 127.0f / top;
+/* Quantizes buffer[0 .. cols - 1] (already smoothed) into whole values of -steps..steps, held in the products
+ * kernel's input type; returns the row's scale. */
+static inline float quantize_to(const float *restrict buffer, int64_t cols, float steps,
+                                product_input *restrict values) {
+    const float top = row_top(buffer, cols), to_int = steps / top;
     for (int64_t j = 0; j < cols; j++) {
         const float v = buffer[j] * to_int;
         values[j] = (product_input)(v + (v >= 0.0f ? 0.5f : -0.5f));
     }
-    return top / 127.0f;
+    return top / steps;
+}
+
+/* To int8 values. */
+static float quantize_buffer(const float *restrict buffer, int64_t cols, product_input *restrict values) {
+    return quantize_to(buffer, cols, 127.0f, values);
 }
 
 #if PRODUCTS_TAKE_12_BITS
-/* The same to 12 bits (2,047 steps a side), whole; returns the scale. */
+/* To 12 bits (2,047 steps a side), whole. */
 static float quantize_buffer_12_bits(const float *restrict buffer, int64_t cols, product_input *restrict values) {
-    const float top = row_top(buffer, cols), to_int = 2047.0f / top;
-    for (int64_t j = 0; j < cols; j++) {
-        const float v = buffer[j] * to_int;
-        values[j] = (product_input)(v + (v >= 0.0f ? 0.5f : -0.5f));
-    }
-    return top / 2047.0f;
+    return quantize_to(buffer, cols, 2047.0f, values);
 }
 #else
 
