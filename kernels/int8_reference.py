@@ -5,7 +5,7 @@ weights with one scale per output column, the product runs in integers, and dequ
 A layer's input may be quantized to 12 bits instead of 8 (`Dense.input_bits`; the feed-forward output layer's, in a
 late-interaction model): the same formulas with 2,047 steps a side instead of 127, the weights still int8.
 Three implementations compute these steps: this file (where numba is missing), the numba kernels
-(kernels/int8_numba.py) and the C layer (kernels/c/int8_layer.c). All three do the same float32 operations in the
+(kernels/int8_numba.py) and the C layer (kernels/c/int8_layer_body.c). All three do the same float32 operations in the
 same order, with the same rounding, so they give the same bits (tests/kernels/test_int8_steps.py and
 test_int8_layer.py check it); the products are exact integers on every path. Attention is not among these steps:
 it is float32 attention (torch's, or kernels.attention's C kernel, which agree to float rounding).

@@ -1,7 +1,7 @@
-"""Whole int8 layers in one C call (kernels/c/int8_layer.c): the reference formulas' bits, and the layer's own int8
-modules' wherever both run the same attention; batched equal to single and several threads equal to one (bit for
-bit); the modules wherever the call cannot take the input; and no cast or move of the model that would leave the
-C layer reading stale constants."""
+"""Whole int8 layers in one C call (kernels/c/int8_layer.c, or int8_layer_avx2.c where the CPU has AVX2 alone): the
+reference formulas' bits, and the layer's own int8 modules' wherever both run the same attention; batched equal to
+single and several threads equal to one (bit for bit); the modules wherever the call cannot take the input; and no
+cast or move of the model that would leave the C layer reading stale constants."""
 
 from __future__ import annotations
 
