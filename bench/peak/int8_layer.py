@@ -17,6 +17,7 @@ import argparse
 import torch
 
 from bench.precision.variants import quantized
+from bench.serving.throughput import parse_load
 from bench.serving.timing import best_ms
 from devkit.paths import minilm_dir
 from model.bert import BertLayer
@@ -26,7 +27,7 @@ from model.packing import Packing
 def shape(text: str) -> tuple[int, int]:
     """'16x30' -> 16 sequences of 30 tokens."""
     try:
-        count, length = (int(part) for part in text.split("x"))
+        count, length = parse_load(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a batch is SEQUENCESxTOKENS, such as 16x30, not {text!r}") from None
     if count < 1 or not 1 <= length <= 512:

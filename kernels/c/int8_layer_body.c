@@ -45,11 +45,10 @@ typedef struct {
     int64_t per_thread_floats;
 } Buffers;
 
-/* Whether the feed-forward output layer's 12-bit input runs as two int8 products (high and low parts), as a kernel
- * of int8 inputs needs; a kernel of 16-bit inputs takes it whole. */
-static int split_twelve_bits(const Int8Layer *layer) {
-    return !PRODUCTS_TAKE_12_BITS && layer->contract.input_bits == 12;
-}
+/* Whether a 12-bit input (`twelve_bits`) runs as two int8 products (high and low parts), as a kernel of int8 inputs
+ * needs; a kernel of 16-bit inputs takes it whole. A macro: within int8_layer's parallel region a function call here
+ * changed the VNNI layer's machine code. */
+#define SPLIT_TWELVE_BITS(twelve_bits) ((twelve_bits) && !PRODUCTS_TAKE_12_BITS)
 
 static int64_t round_up(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -59,7 +58,8 @@ static Buffers carve(const Int8Layer *layer, int64_t rows, int64_t longest, int6
     const int64_t widest_in = hidden > inner ? hidden : inner, widest_out = 3 * hidden > inner ? 3 * hidden : inner;
     const int64_t attention_floats = attention_scratch_floats(layer->head_dim, longest);
     const int64_t chunk = rows < CHUNK_ROWS ? rows : CHUNK_ROWS;
-    const int64_t twelve_bit_rows = split_twelve_bits(layer) ? chunk : 0;  /* (else no room for the parts) */
+    /* room for a 12-bit input's parts only where it is split */
+    const int64_t twelve_bit_rows = SPLIT_TWELVE_BITS(layer->contract.input_bits == 12) ? chunk : 0;
     Buffers b;
     /* whole cache lines apart, so that no two threads write the same line */
     b.per_thread_floats = ((attention_floats > widest_in ? attention_floats : widest_in) + 15) / 16 * 16 + 16;
@@ -283,11 +283,11 @@ void int8_layer(const Int8Layer *layer, const float *x, int64_t rows, const int6
 #pragma omp barrier
             products_share(b.quantized, n, inner, layer->contract.blocked, layer->contract.correction, hidden,
                            b.products, me, team);
-            if (twelve_bits && !PRODUCTS_TAKE_12_BITS)
+            if (SPLIT_TWELVE_BITS(twelve_bits))
                 products_share(b.low, n, inner, layer->contract.blocked, layer->contract.correction, hidden,
                                b.low_products, me, team);
 #pragma omp barrier
-            if (twelve_bits && !PRODUCTS_TAKE_12_BITS) combine_rows(b.products, b.low_products, first, last, hidden);
+            if (SPLIT_TWELVE_BITS(twelve_bits)) combine_rows(b.products, b.low_products, first, last, hidden);
             residual_norm_rows(b.products, first, last, b.row_scale, &layer->contract, b.middle,
                                layer->norm2_weight, layer->norm2_bias, layer->norm2_eps, out + start * hidden);
 #pragma omp barrier
