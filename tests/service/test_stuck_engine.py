@@ -96,7 +96,7 @@ async def test_a_hung_compute_thread_is_noticed_in_one_process(tiny_checkpoint):
             assert (await client.get("/live")).status_code == 200  # busy is not stuck
             for answer in await asyncio.gather(*waiting):
                 assert answer.status_code == 503 and "finished no batch" in answer.json()["error"], answer.text
-            assert time.monotonic() - started < 1.0 + 0.8  # past the deadline, until the stall was certain
+            assert time.monotonic() - started < 1.0 + 2.0  # the stall noticed, not the 30 s hang
             for path in ("/live", "/health"):
                 answer = await client.get(path)
                 assert answer.status_code == 503 and "finished no batch" in answer.json()["error"], answer.text
@@ -126,7 +126,7 @@ async def test_the_engine_drops_a_request_at_its_deadline_while_its_device_hangs
             started = time.monotonic()
             late = await asyncio.wait_for(client.post("/encode", json={"inputs": "waits too long"}), 5)
             assert late.status_code == 503 and "waited in the queue past its deadline" in late.json()["error"]
-            assert time.monotonic() - started < 0.3 + 0.3
+            assert time.monotonic() - started < 0.3 + 1.2  # its deadline, not the hang
         finally:
             HangingEngine.release.set()
         assert [b.status_code for b in await asyncio.gather(*blockers)] == [200, 200]

@@ -155,7 +155,7 @@ async def test_the_clients_deadline_is_the_requests_and_what_it_queued_is_droppe
         started = time.monotonic()
         await fails(call.embed.Embed(tei.pb.EmbedRequest(inputs="waits"), timeout=0.5),
                     grpc.StatusCode.DEADLINE_EXCEEDED)
-        assert time.monotonic() - started < 2.0  # not the server's 30 s queue deadline
+        assert time.monotonic() - started < 5.0  # not the server's 30 s queue deadline
         await asyncio.sleep(0.2)
         engine.gate.set()
         assert len((await blocker).embeddings) == 64
