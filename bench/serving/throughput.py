@@ -122,6 +122,15 @@ def system_dtype(system: str) -> str:
     return (option.split(":")[0] or "auto") if name in ("service", "service-nobatch") else "auto"
 
 
+def auto_engine_dtype() -> str:
+    """The dtype of the engine that the limit for --dtype auto measures (float32 on a CPU; bfloat16 or float16 on a
+    GPU): a row that names it is compared with that limit."""
+    from model.device import pick_device
+    from service.engine.precision import choose
+
+    return choose("auto", pick_device("auto")).name
+
+
 LOADS_PATTERN = re.compile(r"\d+x\d+(,\d+x\d+)*")
 
 
@@ -227,6 +236,8 @@ def main(argv=None) -> int:
     limit.inputs_per_request, limit.arrangement = 0, arrangement_label(*best_arrangement)  # no requests: a dash
     limits = {"auto": limit}
     for dtype in dict.fromkeys(system_dtype(system) for system, _ in plans):
+        if dtype == auto_engine_dtype():  # the engine just measured: not measured twice
+            limits[dtype] = limit
         if dtype not in limits:  # the same engine in this dtype, for the rows that serve it
             limits[dtype], arrangement, _, _ = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes,
                                                              dtype)
@@ -238,7 +249,7 @@ def main(argv=None) -> int:
     unbatched = max((rate for (batch_size, _), rate in sweep.items() if batch_size == 1), default=None)
     if unbatched:
         print(f"# batching's whole gain in-process (best / best at batch 1): {limit.sequences_per_s / unbatched:.2f}x")
-    rows = list(limits.values())
+    rows = list({id(row): row for row in limits.values()}.values())  # each limit measured once, shown once
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     for index, (system, system_loads) in enumerate(plans):
         port = free_port()

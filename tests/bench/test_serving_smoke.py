@@ -15,14 +15,16 @@ def test_serving_benchmark_runs_every_system(tiny_checkpoint, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "bench.serving", "--checkpoint", str(tiny_checkpoint), "--concurrency", "1", "4",
          "--duration", "1", "--sentences", "60", "--json", str(out),
-         "--systems", "service", "service-nobatch", "naive@4x1"],  # the peer only where it is named
+         "--systems", "service", "service:float32@1x1", "service-nobatch", "naive@4x1"],  # a peer where named
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())
     systems = [(r["system"], r["concurrency"]) for r in rows]
-    assert systems == [("limit (in-process)", 0), ("service", 1), ("service", 4), ("service-nobatch", 1),
-                       ("service-nobatch", 4), ("naive", 4)]
+    assert systems == [("limit (in-process)", 0), ("service", 1), ("service", 4), ("service:float32", 1),
+                       ("service-nobatch", 1), ("service-nobatch", 4), ("naive", 4)]
+    # float32 is what the limit for --dtype auto measures on a CPU: that engine's limit is measured once
+    assert result.stdout.count("# limit's engine:") == 1, result.stdout
     for row in rows:
         assert row["requests"] > 0 and row["sequences_per_s"] > 0 and row["tokens_per_s"] > 0
     service = [r for r in rows if r["system"] == "service"]
