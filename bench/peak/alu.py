@@ -38,6 +38,7 @@ LOOPS = (
     Loop("int8_avx512_vnni", "int8", "AVX512-VNNI vpdpbusd zmm", ("avx512f", "avx512_vnni"), 16 * 128,
          ctypes.c_int64),
     Loop("int8_avx_vnni", "int8", "AVX-VNNI vpdpbusd ymm", ("avx2", "avx_vnni"), 12 * 64, ctypes.c_int64),
+    Loop("int8_avx2_madd", "int8", "AVX2 vpmaddwd + vpaddd ymm (16-bit pairs)", ("avx2",), 12 * 32, ctypes.c_int64),
     Loop("float32_avx512_fma", "float32", "AVX-512 vfmadd zmm", ("avx512f",), 16 * 32, ctypes.c_double),
     Loop("float32_avx2_fma", "float32", "AVX2 vfmadd ymm", ("avx2", "fma"), 12 * 16, ctypes.c_double),
     Loop("bfloat16_avx512_dot", "bfloat16", "AVX512-BF16 vdpbf16ps zmm", ("avx512f", "avx512_bf16"), 16 * 64,

@@ -23,7 +23,7 @@
                       STEP(c7, 7) STEP(c8, 8) STEP(c9, 9) STEP(c10, 10) STEP(c11, 11)
 
 /* Operations an instruction counts for (a multiply and an add = 2), as bench/peak/alu.py counts them:
- * vpdpbusd zmm: 16 lanes x 4 int8 products, each added = 128; ymm: 64;
+ * vpdpbusd zmm: 16 lanes x 4 int8 products, each added = 128; ymm: 64; vpmaddwd + vpaddd ymm: 16 products = 32;
  * vfmadd zmm: 16 float32 lanes x 2 = 32; ymm: 16;
  * vdpbf16ps zmm: 16 float32 lanes x 2 bfloat16 products, each added = 64. */
 
@@ -49,6 +49,31 @@ int64_t int8_avx_vnni(int64_t rounds, const int8_t *seed) {
 #define START(c, i) \
     __m256i c = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(seed + 64)), _mm256_set1_epi32(i));
 #define STEP(c, i) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
+#define SUM(c, i) sum = _mm256_add_epi32(sum, c);
+    EACH_12(START)
+    for (int64_t r = 0; r < rounds; r++) { EACH_12(STEP) }
+    __m256i sum = _mm256_setzero_si256();
+    EACH_12(SUM)
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, sum);
+    int64_t total = 0;
+    for (int i = 0; i < 8; i++) total += lanes[i];
+    return total;
+#undef START
+#undef STEP
+#undef SUM
+}
+
+/* int8 where there is no VNNI (AVX2 alone): the pair of instructions kernels/c/int8_products_avx2.c runs a product
+ * with, vpmaddwd (int8 values widened to 16 bits: 16 products, summed in pairs into 8 int32 lanes) and vpaddd into
+ * the accumulator; one asm block for both, so that the product, whose inputs never change, is not hoisted. */
+__attribute__((target("avx2")))
+int64_t int8_avx2_madd(int64_t rounds, const int16_t *seed) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)seed), b = _mm256_loadu_si256((const __m256i *)(seed + 16));
+#define START(c, i) \
+    __m256i c = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(seed + 32)), _mm256_set1_epi32(i));
+#define STEP(c, i) { __m256i product; \
+    __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(c), "=&x"(product) : "x"(a), "x"(b)); }
 #define SUM(c, i) sum = _mm256_add_epi32(sum, c);
     EACH_12(START)
     for (int64_t r = 0; r < rounds; r++) { EACH_12(STEP) }

@@ -2,8 +2,8 @@
 engine reaches.
 
 1. Peak (bench/peak/alu.py, matmul.py): the arithmetic peak of each precision from register-resident
-   multiply-accumulate loops (int8 VNNI, float32 FMA, bfloat16 dot products), and what torch's large square products
-   reach, on one core and on all of them.
+   multiply-accumulate loops (int8 VNNI, or AVX2's vpmaddwd without it, float32 FMA, bfloat16 dot products), and what
+   torch's large square products reach, on one core and on all of them.
 2. The engine (bench/peak/engine_fraction.py): its matrix work per second, counted from the model's shape and the
    tokens run, at batch 1 and in bulk, in int8, float32 and bfloat16, for all-MiniLM-L6-v2 and the bundled model,
    over the peak of the precision it runs in, all cores.

@@ -17,18 +17,21 @@ from devkit.paths import minilm_dir
 from model import load_checkpoint
 from model.flops import packed_batch_flops
 
-needs_vnni = pytest.mark.skipif(
+needs_int8_peak = pytest.mark.skipif(
     platform.machine() not in ("x86_64", "AMD64") or not alu.runnable_loops()
-    or alu.runnable_loops()[0].precision != "int8", reason="an x86-64 CPU with VNNI")
+    or alu.runnable_loops()[0].precision != "int8", reason="an x86-64 CPU with VNNI or AVX2")
 
 
-@needs_vnni
-def test_int8_peak_is_measured_and_outruns_float32():
+@needs_int8_peak
+def test_int8_peak_is_measured_against_float32s():
     peaks = {p.precision: p for p in alu.measure(seconds=0.05, repeats=2, thread_counts=[1])}
     assert peaks["int8"].ops_per_s > 1e9 and peaks["float32"].ops_per_s > 1e8
     # One VNNI instruction does 4 products a lane where FMA does 1, at the same width and (on every VNNI CPU) at
-    # least half the rate: a miscounted or folded loop breaks this.
-    assert 2 <= peaks["int8"].ops_per_s / peaks["float32"].ops_per_s <= 12
+    # least half the rate. Without VNNI, vpmaddwd + vpaddd do 2 products a 32-bit lane where FMA does 1, at FMA's
+    # rate (Zen, Skylake) or half of it (Haswell's one vpmaddwd a cycle). A miscounted or folded loop breaks these.
+    vnni = "vnni" in alu.runnable_loops()[0].function
+    low, high = (2, 12) if vnni else (0.8, 2.6)
+    assert low <= peaks["int8"].ops_per_s / peaks["float32"].ops_per_s <= high
 
 
 def test_torch_products_are_timed():
@@ -54,7 +57,7 @@ def test_matrix_work_is_the_linears_weights_and_attention_of_each_sentence():
     assert work.ops * 3 == pytest.approx(total)  # the service's own pricing of the same batch, no padding
 
 
-@needs_vnni
+@needs_int8_peak
 def test_int8_engine_reaches_a_plausible_fraction_of_the_peak():
     peak = max(p.ops_per_s for p in alu.measure(seconds=0.05, repeats=2) if p.precision == "int8")
     rates = measure_engine(minilm_dir(), "all-MiniLM-L6-v2", "int8", wikitext_sentences(24), 0.5, (8,))
@@ -81,7 +84,7 @@ def test_samples_go_to_the_innermost_named_part():
     assert categorize(["main (a.py:1)", "quantize_rows"]) == "quantize rows"
 
 
-@needs_vnni
+@needs_int8_peak
 def test_quick_run_prints_the_tables_and_writes_the_figures(tmp_path, capsys):
     from bench.peak.run import main
 
