@@ -43,25 +43,33 @@ int64_t int8_avx512_vnni(int64_t rounds, const int8_t *seed) {
 #undef SUM
 }
 
-__attribute__((target("avx2,avxvnni")))
-int64_t int8_avx_vnni(int64_t rounds, const int8_t *seed) {
-    const __m256i a = _mm256_loadu_si256((const __m256i *)seed), b = _mm256_loadu_si256((const __m256i *)(seed + 32));
-#define START(c, i) \
-    __m256i c = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(seed + 64)), _mm256_set1_epi32(i));
-#define STEP(c, i) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
-#define SUM(c, i) sum = _mm256_add_epi32(sum, c);
-    EACH_12(START)
-    for (int64_t r = 0; r < rounds; r++) { EACH_12(STEP) }
-    __m256i sum = _mm256_setzero_si256();
-    EACH_12(SUM)
+/* The two ymm int8 loops' rounds, around their own STEP: twelve int32 accumulators from `start`, and the total of
+ * their lanes. */
+#define START_INT32(c, i) __m256i c = _mm256_add_epi32(_mm256_loadu_si256(start), _mm256_set1_epi32(i));
+#define SUM_INT32(c, i) sum = _mm256_add_epi32(sum, c);
+#define YMM_INT32_ROUNDS                                    \
+    EACH_12(START_INT32)                                    \
+    for (int64_t r = 0; r < rounds; r++) { EACH_12(STEP) }  \
+    __m256i sum = _mm256_setzero_si256();                   \
+    EACH_12(SUM_INT32)                                      \
+    return lanes_total(sum);
+
+__attribute__((target("avx2")))
+static int64_t lanes_total(__m256i sum) {
     int32_t lanes[8];
     _mm256_storeu_si256((__m256i *)lanes, sum);
     int64_t total = 0;
     for (int i = 0; i < 8; i++) total += lanes[i];
     return total;
-#undef START
+}
+
+__attribute__((target("avx2,avxvnni")))
+int64_t int8_avx_vnni(int64_t rounds, const int8_t *seed) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)seed), b = _mm256_loadu_si256((const __m256i *)(seed + 32));
+    const __m256i *start = (const __m256i *)(seed + 64);
+#define STEP(c, i) __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(c) : "x"(a), "x"(b));
+    YMM_INT32_ROUNDS
 #undef STEP
-#undef SUM
 }
 
 /* int8 where there is no VNNI (AVX2 alone): the pair of instructions kernels/c/int8_products_avx2.c runs a product
@@ -70,23 +78,11 @@ int64_t int8_avx_vnni(int64_t rounds, const int8_t *seed) {
 __attribute__((target("avx2")))
 int64_t int8_avx2_madd(int64_t rounds, const int16_t *seed) {
     const __m256i a = _mm256_loadu_si256((const __m256i *)seed), b = _mm256_loadu_si256((const __m256i *)(seed + 16));
-#define START(c, i) \
-    __m256i c = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(seed + 32)), _mm256_set1_epi32(i));
+    const __m256i *start = (const __m256i *)(seed + 32);
 #define STEP(c, i) { __m256i product; \
     __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(c), "=&x"(product) : "x"(a), "x"(b)); }
-#define SUM(c, i) sum = _mm256_add_epi32(sum, c);
-    EACH_12(START)
-    for (int64_t r = 0; r < rounds; r++) { EACH_12(STEP) }
-    __m256i sum = _mm256_setzero_si256();
-    EACH_12(SUM)
-    int32_t lanes[8];
-    _mm256_storeu_si256((__m256i *)lanes, sum);
-    int64_t total = 0;
-    for (int i = 0; i < 8; i++) total += lanes[i];
-    return total;
-#undef START
+    YMM_INT32_ROUNDS
 #undef STEP
-#undef SUM
 }
 
 __attribute__((target("avx512f")))
