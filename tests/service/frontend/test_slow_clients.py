@@ -1,7 +1,7 @@
 """Clients that hold connections without finishing their requests, against real servers on loopback: stalled
 bodies get 408 and their connections closed, and never take the admission slots complete requests need;
 headers have a deadline; connections beyond the cap are refused; answers while draining close their
-connection. Short settings, so that each case takes a second or two."""
+connection. Short settings, so that each case takes a few seconds."""
 
 from __future__ import annotations
 
