@@ -234,10 +234,8 @@ def main(argv=None) -> int:
 
     limit, best_arrangement, single_ms, sweep = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes)
     limit.inputs_per_request, limit.arrangement = 0, arrangement_label(*best_arrangement)  # no requests: a dash
-    limits = {"auto": limit}
+    limits = {"auto": limit, auto_engine_dtype(): limit}  # rows naming the engine just measured share its limit
     for dtype in dict.fromkeys(system_dtype(system) for system, _ in plans):
-        if dtype == auto_engine_dtype():  # the engine just measured: not measured twice
-            limits[dtype] = limit
         if dtype not in limits:  # the same engine in this dtype, for the rows that serve it
             limits[dtype], arrangement, _, _ = measure_limit(args.checkpoint, texts, args.duration, args.batch_sizes,
                                                              dtype)
