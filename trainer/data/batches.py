@@ -66,13 +66,14 @@ class _Steps(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         progress = Progress(step=self.first, cursors=copy.deepcopy(self.cursors))
         # With several workers, worker k of n builds the steps first + k, first + k + n, ... (the DataLoader takes
-        # them from the workers in turn: in order). Each still walks every step's pairs, since a step's data cursors
-        # are where the last step's left them (a quarter of a batch's host time); it collates and masks its own only.
+        # them from the workers in turn: in order). A step's data cursors are where the last step's left them, so
+        # each worker moves them past the other workers' steps too (TrainingPairs.advance: counting the steps'
+        # draws, not building their pairs); it builds, collates and masks its own steps only.
         worker = get_worker_info()
         share, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         while True:
             if (progress.step - self.first) % workers != share:
-                self.pairs.batch(progress.step, self.options.batch_size, progress.cursors)  # the cursors only
+                self.pairs.advance(progress.step, self.options.batch_size, progress.cursors)
                 progress.step += 1
                 continue
             batch, masked = training_batch(self.pairs, progress, self.options, self.data, self.replace,

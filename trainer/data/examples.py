@@ -134,6 +134,10 @@ class TrainingPairs:
         shares = sizes if weights is None else np.asarray(weights, dtype=np.float64)
         self.probabilities = shares / shares.sum()
         self._orders: dict[int, tuple[int, np.ndarray]] = {}
+        # pair_from_chunk comes out empty only from an empty sentence (tokenization drops those) or a window of
+        # under two tokens: where neither can happen, each of a step's draws takes exactly one chunk (`advance`).
+        self._pairs_never_empty = self.max_tokens >= 2 and all(
+            bool(np.all(np.diff(c.sentence_offsets) > 0)) for c in sources)
 
     @property
     def total_tokens(self) -> int:
@@ -166,6 +170,19 @@ class TrainingPairs:
                 if pair is not None:
                     examples.append(pair)
         return examples
+
+    def advance(self, step: int, size: int, cursors: list[list[int]]) -> None:
+        """Advance `cursors` in place as `batch(step, size, cursors)` would, without building the pairs: a worker
+        process moves the cursors past the steps that other workers build. Where no pair can come out empty, the
+        step's draws of sources are all there is to count; else the pairs are built and dropped."""
+        if not self._pairs_never_empty:
+            self.batch(step, size, cursors)
+            return
+        draws = np.random.default_rng([self.seed, step, 1]).choice(len(self.sources), size=size, p=self.probabilities)
+        for source, taken in enumerate(np.bincount(draws, minlength=len(self.sources)).tolist()):
+            epoch, position = cursors[source]
+            passes, position = divmod(position + taken, len(self.starts[source]) - 1)
+            cursors[source] = [epoch + passes, position]
 
 
 @dataclass

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
+import pytest
 import torch
 
 from trainer.data.corpus import read_documents
-from trainer.data.examples import build_pairs, collate
+from trainer.data.examples import TrainingPairs, build_pairs, collate
 from trainer.data.masking import mask_tokens, replaceable_ids, slots_per_row
 from trainer.data.tokens import TokenizedCorpus
 
@@ -120,3 +123,36 @@ def test_a_range_of_documents_is_a_corpus_of_those_documents(small_corpus, token
         assert mine == theirs
     assert part.num_tokens == sum(len(corpus.sentence(s)) for d in range(first, end)
                                   for s in corpus.document_sentences(d))
+
+
+def with_an_empty_first_sentence(corpus: TokenizedCorpus) -> TokenizedCorpus:
+    """The same documents, each opening with a sentence of no tokens: a pair starting there may come out empty."""
+    sentences, documents = corpus.sentence_offsets, corpus.document_offsets
+    starts = [np.concatenate(([sentences[s0]], sentences[s0:s1])) for s0, s1 in zip(documents[:-1], documents[1:])]
+    sizes = np.diff(documents) + 1
+    return TokenizedCorpus(corpus.ids, np.concatenate(starts + [sentences[-1:]]),
+                           np.concatenate(([0], np.cumsum(sizes))))
+
+
+@pytest.mark.parametrize("empty_sentences", [False, True], ids=["every-sentence-has-tokens", "empty-sentences"])
+def test_advancing_the_cursors_is_building_the_pairs(small_corpus, tokenizer, empty_sentences):
+    """A worker process moves the data cursors past the other workers' steps with TrainingPairs.advance, which
+    counts the steps' draws instead of building their pairs: the same cursors as building them, step after step,
+    from two sources, over passes that wrap. Where a pair can come out empty (and the step draws again), counting
+    would fall behind: there it builds the pairs, and agrees too."""
+    corpus = TokenizedCorpus.from_documents((d.sentences for d in read_documents(small_corpus)), tokenizer)
+    if empty_sentences:
+        corpus = with_an_empty_first_sentence(corpus)
+    half = corpus.num_documents // 2
+    pairs = TrainingPairs([corpus.documents(0, half), corpus.documents(half, corpus.num_documents)], 64, seed=5)
+    built, advanced = pairs.initial_cursors(), pairs.initial_cursors()
+    redrawn = 0
+    for step in range(30):
+        before = copy.deepcopy(built)
+        pairs.batch(step, 48, built)
+        pairs.advance(step, 48, advanced)
+        assert advanced == built, step
+        chunks = [len(s) - 1 for s in pairs.starts]
+        redrawn += sum((b[0] - a[0]) * n + b[1] - a[1] for a, b, n in zip(before, built, chunks)) - 48
+    assert min(epoch for epoch, _ in built) >= 2  # every source's passes wrapped
+    assert (redrawn > 0) == empty_sentences  # the second case does exercise the pairs that come out empty
