@@ -220,7 +220,7 @@ class Training:
         previous_handlers = {s: signal.signal(s, lambda signum, _frame: stop_signal.append(signum))
                              for s in (signal.SIGINT, signal.SIGTERM)}
         bar = self.files.progress_bar(options, progress, enabled=options.progress)
-        window_tokens, window_start = 0, time.perf_counter()
+        window_tokens, window_start, window_input_wait = 0, time.perf_counter(), 0.0
         last_save = time.perf_counter()  # --save-every-minutes counts from here
         last_eval: dict | None = None
         batches = BatchStream(self.pairs, progress.step, progress.cursors, options, self.data, self.replace,
@@ -230,6 +230,7 @@ class Training:
             while run_progress(progress, options) < 1.0:
                 step_start = time.perf_counter()
                 taken = batches.next(progress.step)
+                window_input_wait += time.perf_counter() - step_start  # a stream that cannot keep up shows here
                 batch, masked, progress.cursors = taken.batch, taken.masked, taken.cursors
                 factor = lr_factor(run_progress(progress, options), options.warmup_fraction)
                 set_learning_rate(self.optimizer, options, factor)
@@ -241,9 +242,13 @@ class Training:
 
                 if progress.step % options.log_every == 0:
                     values = stats.values()  # the one wait for the device between logged steps
-                    tokens_per_s = window_tokens / max(time.perf_counter() - window_start, 1e-9)
+                    window_s = max(time.perf_counter() - window_start, 1e-9)
+                    tokens_per_s = window_tokens / window_s
+                    # The share of the window spent waiting for the next batch: near 0 when the device (or the step
+                    # on a CPU) is the bound, large when the input pipeline is.
                     row = {"step": progress.step, "passes": round(progress.tokens_seen / self.pairs.total_tokens, 4),
                            "lr": options.lr * factor, "tokens_per_s": tokens_per_s,
+                           "input_wait": round(window_input_wait / window_s, 4),
                            "elapsed_s": round(progress.elapsed_s, 2), **values}
                     if self.placement.device.type == "cuda":
                         row["model_tflops"] = tokens_per_s * self.flops_per_token / 1e12
@@ -254,7 +259,7 @@ class Training:
                             log.warning("%d graph(s) of the compiled step run without CUDA graphs "
                                         "(TORCH_LOGS=cudagraphs says why)", skipped)
                     self.files.log(row)
-                    window_tokens, window_start = 0, time.perf_counter()
+                    window_tokens, window_start, window_input_wait = 0, time.perf_counter(), 0.0
                     bar.set_postfix(loss=f"{values['loss']:.3f}", tok_s=f"{tokens_per_s:,.0f}",
                                     eta=self.files.eta(progress, run_progress(progress, options)))
                 bar.update(1)

@@ -107,6 +107,8 @@ def speed(metrics: Path) -> dict:
     return {"tokens_per_s": round(sum(r["tokens_per_s"] for r in later) / len(later), 1) if later else None,
             "logged_windows": len(timed), "steps": timed[-1]["step"] if timed else 0,
             "model_tflops": later[-1].get("model_tflops") if later else None,
+            # the share of the time the loop waited for its batches: the input pipeline's part in a shortfall
+            "input_wait": round(sum(r.get("input_wait", 0.0) for r in later) / len(later), 4) if later else None,
             "final_eval": evals[-1] if evals else None}
 
 

@@ -78,6 +78,7 @@ def test_train_on_the_slice_pack_join_verify_export(prepared, tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     summary = json.loads((out / "train-summary.json").read_text())
     assert summary["packed"] == "final" and summary["steps"] == 4 and summary["tokens_per_s"] > 0
+    assert 0.0 <= summary["input_wait"] <= 1.0
     assert summary["compiled_step"] == {"compiled": False, "cuda_graphs": False, "fell_back": None}
     assert summary["parts"]["count"] >= 3  # the bundled shape's float16 weights: 45 MB
     files = sorted(p.name for p in out.iterdir())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -87,10 +88,32 @@ def test_a_run_with_batches_built_ahead_is_the_same_run(small_corpus, small_eval
         output = tmp_path / f"ahead-{ahead}"
         args = tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{"--max-steps": 6})
         loop.train(TrainOptions(**vars(build_parser().parse_args(args))))
-        timing = ("tokens_per_s", "elapsed_s")
+        timing = ("tokens_per_s", "elapsed_s", "input_wait")
         rows[ahead] = [{k: v for k, v in json.loads(line).items() if k not in timing}
                        for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert len(rows[False]) >= 3 and rows[True] == rows[False]
+
+
+def test_the_time_spent_waiting_for_batches_is_logged(small_corpus, small_eval_corpus, tmp_path, monkeypatch):
+    """metrics.jsonl's `input_wait` is the share of each logged window that the loop spent waiting for its next
+    batch: most of it when batches come slowly, less when they do not."""
+    import trainer.loop as loop
+
+    waits = {}
+    for delay in (0.0, 0.25):
+        class Slow(BatchStream):
+            def next(self, step: int, delay: float = delay):
+                time.sleep(delay)
+                return super().next(step)
+
+        monkeypatch.setattr(loop, "BatchStream", Slow)
+        output = tmp_path / f"delay-{delay}"
+        args = tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{"--max-steps": 6})
+        loop.train(TrainOptions(**vars(build_parser().parse_args(args))))
+        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        waits[delay] = [r["input_wait"] for r in rows if "input_wait" in r]
+    assert waits[0.0] and all(0.0 <= w <= 1.0 for w in waits[0.0] + waits[0.25]), waits
+    assert min(waits[0.25]) > 0.5 and min(waits[0.25]) > max(waits[0.0]), waits
 
 
 def test_fixed_shapes_are_the_same_batch_padded_with_its_masks_in_slots(setting):
