@@ -35,10 +35,7 @@ from service.engine.tickets import LaunchedBatch
 
 # With a batch in flight on the device, how long the runner waits for a preparer's next batch before it reads the
 # one in flight instead: long enough for a collation (tens to hundreds of us), short next to a batch on the device.
-# It stops waiting sooner once the batch in flight is done on the device (a small batch under CUDA graphs takes a
-# few hundred us): waiting on would only hold its answers back. Asked every AHEAD_POLL_S while it waits.
 AHEAD_WAIT_S = 0.002
-AHEAD_POLL_S = 0.0001
 
 
 class Batcher(Protocol):
@@ -163,7 +160,7 @@ class DeviceRunners:
         lower_thread_priority(self.niceness)
         on_device: LaunchedBatch | None = None
         while True:
-            taken = self._take(on_device)
+            taken = self._take(on_device is not None)
             if taken is None and on_device is None:
                 return
             launched = None
@@ -214,13 +211,13 @@ class DeviceRunners:
         if hand_back is not None:
             hand_back()
 
-    def _take(self, on_device: LaunchedBatch | None) -> tuple[Batcher, list, object] | None:
+    def _take(self, one_on_device: bool) -> tuple[Batcher, list, object] | None:
         """(the model's queue, its entries, their prepared batch) to run next. With none on the device it waits until
         some model has one or every preparer has finished (None); or, with every preparer idle, picks a model's next
-        entries itself (their batch None: the runner collates them). With a batch in flight (`on_device`), None at
-        once unless a preparer is about to prepare one; then up to AHEAD_WAIT_S, while that batch still computes."""
+        entries itself (their batch None: the runner collates them). With a batch in flight, None at once unless a
+        preparer is about to prepare one; then up to AHEAD_WAIT_S."""
         with self.lock:
-            if on_device is None:
+            if not one_on_device:
                 self.idle_runners += 1
                 try:
                     while True:
@@ -240,7 +237,10 @@ class DeviceRunners:
                 finally:
                     self.idle_runners -= 1
             else:
-                queue = self._wait_ahead(on_device)
+                queue = self._next_prepared()
+                if queue is None and any(q.preparing_soon() for q in self.queues):
+                    self.batch_ready.wait(AHEAD_WAIT_S)
+                    queue = self._next_prepared()
                 if queue is None:
                     return None
             self._wake_other_preparers(queue)
@@ -248,17 +248,6 @@ class DeviceRunners:
             if self.express:  # every runner may be busy now: another model's prepared batch may go express
                 self.express_ready.notify()
             return taken
-
-    def _wait_ahead(self, on_device: LaunchedBatch) -> Batcher | None:
-        """Under the lock, with `on_device` in flight: the model whose prepared batch launches behind it, waiting for
-        one while a preparer is about to have it, for at most AHEAD_WAIT_S and only while `on_device` computes."""
-        give_up = time.perf_counter() + AHEAD_WAIT_S
-        while (queue := self._next_prepared()) is None:
-            left = give_up - time.perf_counter()
-            if left <= 0 or not any(q.preparing_soon() for q in self.queues) or on_device.done_on_device():
-                return None
-            self.batch_ready.wait(min(left, AHEAD_POLL_S))
-        return queue
 
     def _wake_other_preparers(self, taken: Batcher) -> None:
         """A request that came to an idle model woke a runner rather than the model's preparer (the runner would pick

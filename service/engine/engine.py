@@ -191,11 +191,6 @@ class Engine:
                 done.record()
         return DeviceWork(batch.size, collectors, done)
 
-    @staticmethod
-    def is_done(work: DeviceWork) -> bool:
-        """Whether a launched batch's device work has finished (its results would not wait), without waiting."""
-        return work.done is None or work.done.query()
-
     def finish(self, work: DeviceWork) -> list[Result]:
         """Wait for a launched batch's device work (the GIL is free meanwhile) and build its results."""
         if work.done is not None:

@@ -75,10 +75,6 @@ class LaunchedBatch:
     started: float  # time.perf_counter() at launch
     queue: Any = None  # the model's Batcher it came from, which finishes it
 
-    def done_on_device(self) -> bool:
-        """Whether its device work has finished: its results are there to read."""
-        return self.queue.engine.is_done(self.work)
-
 
 @dataclass(eq=False)  # entries are compared by identity: equal items of two requests are two entries
 class Entry:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.engine import device_runners
 from service.engine.batcher import Batcher, BatchPolicy, Ticket
 from service.errors import ServiceError
 from service.metrics import Metrics
@@ -74,9 +73,6 @@ class DeviceEngine:
         with self.lock:
             self.log.append(("finish", number))
         return future.result()
-
-    def is_done(self, launched) -> bool:
-        return launched[1].done()
 
     def run(self, batch):
         return self.finish(self.launch(batch))
@@ -142,42 +138,6 @@ def test_a_lone_batch_is_finished_without_waiting_for_another():
     sink = serve(engine, [[[1, 2, 3]]])
     assert sink.tickets[0].results == [6] and time.monotonic() - started < 5
     assert engine.log == [("launch", 1), ("finish", 1)]
-
-
-def test_a_batch_done_on_the_device_is_answered_while_the_next_is_still_collated(monkeypatch):
-    """The runner waits for a batch to launch behind the one in flight only while that one computes: once it is done
-    its answers go back, though the next batch is still being collated. The wait's cap is made long here, so that a
-    runner waiting out the collation (as a fixed wait would) answers the first request only after it."""
-    monkeypatch.setattr(device_runners, "AHEAD_WAIT_S", 5.0)
-    events: list[str] = []
-    sink = Collected()
-    sink.expected = 2
-    deliver = sink.deliver
-    sink.deliver = lambda tickets: (events.extend(f"answered {t.tag}" for t in tickets), deliver(tickets))
-
-    class SlowSecondCollation(DeviceEngine):
-        def collate(self, items):
-            if items == [[2]]:
-                time.sleep(0.3)
-                events.append("second collated")
-            return FakeBatch(items)
-
-        def launch(self, batch):
-            launched = super().launch(batch)
-            if batch.items == [[1]]:  # queued before the runner looks for a batch to launch behind this one
-                batcher.submit([[2]], Ticket(time.monotonic() + 30, 1, sink, tag=2))
-            return launched
-
-    engine = SlowSecondCollation(device_s=0.01)
-    batcher = Batcher(engine, BatchPolicy(max_batch_tokens=10_000, max_batch_size=4), Metrics())
-    batcher.submit([[1]], Ticket(time.monotonic() + 30, 1, sink, tag=1))
-    batcher.start()
-    try:
-        assert sink.all_in.wait(10), events
-    finally:
-        batcher.stop()
-    assert events == ["answered 1", "second collated", "answered 2"]
-    assert [t.results for t in sink.tickets] == [[1], [2]]
 
 
 def test_out_of_memory_at_launch_splits_the_batch():
