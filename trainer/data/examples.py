@@ -154,16 +154,25 @@ class TrainingPairs:
             self._orders[source] = cached = (epoch, order)
         return cached[1]
 
+    def _sources_drawn(self, step: int):
+        """The draw of step `step`'s sources: `batch` and `advance` draw from the same stream, so they agree."""
+        choose = np.random.default_rng([self.seed, step, 1])
+        return lambda count: choose.choice(len(self.sources), size=count, p=self.probabilities)
+
+    def _moved(self, source: int, cursor: list[int], taken: int) -> list[int]:
+        """Source `source`'s cursor once `taken` more of its chunks are read (a pass that ends starts the next)."""
+        passes, position = divmod(cursor[1] + taken, len(self.starts[source]) - 1)
+        return [cursor[0] + passes, position]
+
     def batch(self, step: int, size: int, cursors: list[list[int]]) -> list[PairExample]:
         """The `size` pairs of optimizer step `step`; advances `cursors` in place."""
-        choose = np.random.default_rng([self.seed, step, 1])
+        draw = self._sources_drawn(step)
         examples: list[PairExample] = []
         while len(examples) < size:
-            for source in choose.choice(len(self.sources), size=size - len(examples), p=self.probabilities):
+            for source in draw(size - len(examples)):
                 epoch, position = cursors[source]
                 chunk = int(self._order(source, epoch)[position])
-                position += 1
-                cursors[source] = [epoch + 1, 0] if position == len(self.starts[source]) - 1 else [epoch, position]
+                cursors[source] = self._moved(source, cursors[source], 1)
                 rng = random.Random(f"{self.seed}/{source}/{epoch}/{chunk}")
                 pair = pair_from_chunk(self.sources[source], int(self.starts[source][chunk]), self.max_tokens,
                                        self.short_seq_prob, rng)
@@ -178,11 +187,9 @@ class TrainingPairs:
         if not self._pairs_never_empty:
             self.batch(step, size, cursors)
             return
-        draws = np.random.default_rng([self.seed, step, 1]).choice(len(self.sources), size=size, p=self.probabilities)
-        for source, taken in enumerate(np.bincount(draws, minlength=len(self.sources)).tolist()):
-            epoch, position = cursors[source]
-            passes, position = divmod(position + taken, len(self.starts[source]) - 1)
-            cursors[source] = [epoch + passes, position]
+        drawn = np.bincount(self._sources_drawn(step)(size), minlength=len(self.sources))
+        for source, taken in enumerate(drawn.tolist()):
+            cursors[source] = self._moved(source, cursors[source], taken)
 
 
 @dataclass

@@ -73,32 +73,35 @@ def test_a_stream_out_of_step_fails_loudly(setting):
         stream.next(1)
 
 
+def six_steps(stream: type[BatchStream], corpus, eval_corpus, output, monkeypatch) -> list[dict]:
+    """The rows of metrics.jsonl of a tiny run of six steps whose batches come from `stream`."""
+    import trainer.loop as loop
+
+    monkeypatch.setattr(loop, "BatchStream", stream)
+    args = tiny_run_args(corpus, eval_corpus, output, output.parent / "cache", **{"--max-steps": 6})
+    loop.train(TrainOptions(**vars(build_parser().parse_args(args))))
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_a_run_with_batches_built_ahead_is_the_same_run(small_corpus, small_eval_corpus, tmp_path, monkeypatch):
     """The worker path (a GPU's) trains exactly as the in-process one: same data, masks and dropout stream (a
     DataLoader drawing its seed from the global generator shifted the dropout stream: this caught it)."""
-    import trainer.loop as loop
-
     rows = {}
     for ahead in (False, True):
         class Forced(BatchStream):
             def __init__(self, *args, ahead: bool = False, forced: bool = ahead, **kwargs):
                 super().__init__(*args, ahead=forced, **kwargs)
 
-        monkeypatch.setattr(loop, "BatchStream", Forced)
-        output = tmp_path / f"ahead-{ahead}"
-        args = tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{"--max-steps": 6})
-        loop.train(TrainOptions(**vars(build_parser().parse_args(args))))
         timing = ("tokens_per_s", "elapsed_s", "input_wait")
-        rows[ahead] = [{k: v for k, v in json.loads(line).items() if k not in timing}
-                       for line in (output / "metrics.jsonl").read_text().splitlines()]
+        rows[ahead] = [{k: v for k, v in row.items() if k not in timing}
+                       for row in six_steps(Forced, small_corpus, small_eval_corpus, tmp_path / f"ahead-{ahead}",
+                                            monkeypatch)]
     assert len(rows[False]) >= 3 and rows[True] == rows[False]
 
 
 def test_the_time_spent_waiting_for_batches_is_logged(small_corpus, small_eval_corpus, tmp_path, monkeypatch):
     """metrics.jsonl's `input_wait` is the share of each logged window that the loop spent waiting for its next
     batch: most of it when batches come slowly, less when they do not."""
-    import trainer.loop as loop
-
     waits = {}
     for delay in (0.0, 0.25):
         class Slow(BatchStream):
@@ -106,11 +109,7 @@ def test_the_time_spent_waiting_for_batches_is_logged(small_corpus, small_eval_c
                 time.sleep(delay)
                 return super().next(step)
 
-        monkeypatch.setattr(loop, "BatchStream", Slow)
-        output = tmp_path / f"delay-{delay}"
-        args = tiny_run_args(small_corpus, small_eval_corpus, output, tmp_path / "cache", **{"--max-steps": 6})
-        loop.train(TrainOptions(**vars(build_parser().parse_args(args))))
-        rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+        rows = six_steps(Slow, small_corpus, small_eval_corpus, tmp_path / f"delay-{delay}", monkeypatch)
         waits[delay] = [r["input_wait"] for r in rows if "input_wait" in r]
     assert waits[0.0] and all(0.0 <= w <= 1.0 for w in waits[0.0] + waits[0.25]), waits
     assert min(waits[0.25]) > 0.5 and min(waits[0.25]) > max(waits[0.0]), waits
