@@ -9,10 +9,11 @@
     python -m bench.peak.attention --dtype bfloat16
     python -m bench.peak.attention --heads 12 --head-dim 64
     python -m bench.peak.attention --lengths 128 192 224   # other lengths, batches of about 8,192 tokens
+    python -m bench.peak.attention --threads 1 --repeats 30   # steadier figures on a shared machine
 
-Each row: sequences of one length, the fastest of 5 calls after a warm-up, the arithmetic done a second (QK^T and
-the weighted sum, 4 x length^2 x head width a sequence) and the largest difference from float32 SDPA on the same
-inputs (for bfloat16, mostly the output's rounding).
+Each row: sequences of one length, the fastest of 5 calls (--repeats) after a warm-up, the arithmetic done a second
+(QK^T and the weighted sum, 4 x length^2 x head width a sequence) and the largest difference from float32 SDPA on the
+same inputs (for bfloat16, mostly the output's rounding).
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="calls timed a row, the fastest kept (more give steadier figures on a shared machine)")
     parser.add_argument("--lengths", type=int, nargs="+", default=list(SEQUENCES),
                         help="sequence lengths: the default ones in their batches (SEQUENCES), others in batches of "
                              "about 8,192 tokens")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, not {args.repeats}")
     kernel = attention.kernel()
     if kernel is None:
         raise SystemExit(f"no C attention kernel here: {attention.why_not()}")
@@ -61,8 +66,8 @@ def main() -> None:
             else:
                 def before():
                     return kernel.attend_spans(qkv.float(), spans, heads, head_dim).to(dtype)
-            mine = best_ms(lambda: kernel.attend_spans(qkv, spans, heads, head_dim), 5, warm_ups=1)
-            theirs = best_ms(before, 5, warm_ups=1)
+            mine = best_ms(lambda: kernel.attend_spans(qkv, spans, heads, head_dim), args.repeats, warm_ups=1)
+            theirs = best_ms(before, args.repeats, warm_ups=1)
             difference = (kernel.attend_spans(qkv, spans, heads, head_dim).float()
                           - int8_reference.sdpa_each(qkv.float(), spans, heads, head_dim)).abs().max()
             flops = 4 * count * heads * head_dim * length * length
