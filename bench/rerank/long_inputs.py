@@ -39,7 +39,8 @@ class LongInputs:
 
     @property
     def computed_ratio(self) -> float:
-        """The median round's ratio counting the windows' tokens: the part of the gap that is not the overlap."""
+        """The median round's ratio over the windows' tokens: the gap left once the overlaps and each window's [CLS]
+        and [SEP] count as work done."""
         return self.ratio * self.computed_tokens_per_s / self.long_tokens_per_s
 
     @property
