@@ -24,8 +24,6 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from bench.rerank import checkpoints, exactness, long_inputs, speed, texts
 from devkit.paths import REPO_ROOT, minilm_dir
 
@@ -87,8 +85,8 @@ def print_long(found) -> None:
           f"windows' mean {found.cosine_to_windows:.7f}; {found.long_tokens_per_s:.0f} tokens/s "
           f"({found.computed_tokens_per_s:.0f} computed) against {found.short_tokens_per_s:.0f} for short passages, "
           f"each the best of {len(found.round_ratios)} rounds ({found.best_of_ratio:.2f}x); the rounds' median ratio "
-          f"{found.ratio:.2f}x (quartiles {np.percentile(found.round_ratios, 25):.2f}x-"
-          f"{np.percentile(found.round_ratios, 75):.2f}x), {found.computed_ratio:.2f}x counting the windows' tokens")
+          f"{found.ratio:.2f}x (quartiles {found.ratio_quartiles[0]:.2f}x-{found.ratio_quartiles[1]:.2f}x), "
+          f"{found.computed_ratio:.2f}x counting the windows' tokens")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,12 @@ class LongInputs:
         return float(np.median(self.round_ratios))
 
     @property
+    def ratio_quartiles(self) -> tuple[float, float]:
+        """How far the rounds spread around the median."""
+        low, high = np.percentile(self.round_ratios, [25, 75])
+        return float(low), float(high)
+
+    @property
     def computed_ratio(self) -> float:
         """The median round's ratio over the windows' tokens: the gap left once the overlaps and each window's [CLS]
         and [SEP] count as work done."""
