@@ -41,6 +41,11 @@ from model import attention as model_attention
 SOURCE_NAME = "attention.c"
 AVX2_SOURCE_NAME = "attention_avx2.c"
 MAX_LENGTH = 512  # the longest measured: faster than SDPA at every length up to it (module docstring)
+# On a CPU with AMX, torch's bfloat16 attention (model.attention.torch_attention_dtype) overtakes the bfloat16 kernel
+# once a sequence's tokens x head size passes about this many (two threads of a Sapphire Rapids, 12 heads: of 32,
+# 13.5 / 14.5 ms at 128 tokens, 15.1 / 14.7 at 160, 22.6 / 15.7 at 256; of 64, 17.8 / 16.6 at 96, 42.0 / 18.6 at
+# 256: `python -m bench.peak.attention --dtype bfloat16 --lengths ...`)
+AMX_BFLOAT16_TOKENS_BY_WIDTH = 150 * 32
 
 
 def _declared(attend, scratch_size) -> tuple:
@@ -65,6 +70,12 @@ class Kernel:
 
     def fits(self, head_dim: int) -> bool:
         return head_dim % self.lanes == 0
+
+    def longest(self, dtype: torch.dtype, head_dim: int) -> int:
+        """The longest sequence it takes in `dtype` at this head size: torch's attention is faster above it."""
+        if dtype == torch.bfloat16 and model_attention.torch_attention_dtype(dtype) == torch.bfloat16:
+            return min(self.max_length, AMX_BFLOAT16_TOKENS_BY_WIDTH // head_dim)
+        return self.max_length
 
     def takes(self, dtype: torch.dtype) -> bool:
         """Whether `attend` takes qkv, and writes out, in `dtype` as they are."""

@@ -25,12 +25,16 @@ SOURCES = Path(__file__).parent / "c"
 # reordered sums. The C layer then gives the bits of kernels.int8_reference's formulas, whatever the compiler.
 EXACT_FLOATS = ("-ffp-contract=off",)
 AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
+AMX, AMX_CPU_FLAGS = ("-mamx-tile", "-mamx-int8"), ("amx_tile", "amx_int8")
 
 # Every kernel: its source in kernels/c/, its compiler flags, and the CPU flags (/proc/cpuinfo) it needs. Here rather
 # than in the modules that load them, so that this file alone builds them all.
 KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "int8_products.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-mavx512f", "-mavx512bw", "-mavx512vnni"),
                         ("avx512f", "avx512bw", "avx512_vnni")),
+    # includes int8_products.c: VNNI's loops take the rows left over from AMX's tiles of 16
+    "int8_products_amx.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-mavx512f", "-mavx512bw", "-mavx512vnni", *AMX),
+                            ("avx512f", "avx512bw", "avx512_vnni", *AMX_CPU_FLAGS)),
     "int8_products_avx2.c": (("-O3", "-fopenmp", "-mavx2"), ("avx2",)),
     "attention.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512), ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
     "attention_avx2.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-mavx2", "-mfma"), ("avx2", "fma")),
@@ -40,6 +44,8 @@ KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # each includes a products and an attention kernel above (a library of its own: one call a layer)
     "int8_layer.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", *AVX512, "-mavx512vnni"),
                      ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")),
+    "int8_layer_amx.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", *AVX512, "-mavx512vnni", *AMX),
+                         ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", *AMX_CPU_FLAGS)),
     # -fno-trapping-math: without AVX-512's masks, gcc vectorizes a loop with a float compare-and-select (GELU's
     # clamp, rounding half away from zero) only when compares need not raise exceptions; no value changes
     "int8_layer_avx2.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", "-fno-trapping-math", "-mavx2",

@@ -1,5 +1,6 @@
 """Whole int8 encoder layers in one C call: `kernels/c/int8_layer.c` on CPUs with AVX512-VNNI and AVX-512,
-`kernels/c/int8_layer_avx2.c` (the same body over the AVX2 products and attention) on CPUs with AVX2 and FMA.
+`kernels/c/int8_layer_amx.c` (the same over the AMX products) on those with AMX too, `kernels/c/int8_layer_avx2.c`
+(the same body over the AVX2 products and attention) on CPUs with AVX2 and FMA.
 
 At one sentence a batch, the Python around an int8 layer (module calls, allocations, twelve kernel calls a layer)
 costs about as much as the layer's arithmetic, and runs on one thread. `Int8FusedLayer` takes the place of a
@@ -32,6 +33,7 @@ from model.packing import Packing
 
 SOURCE_NAME = "int8_layer.c"
 AVX2_SOURCE_NAME = "int8_layer_avx2.c"
+AMX_SOURCE_NAME = "int8_layer_amx.c"
 
 
 class _Dense(ctypes.Structure):
@@ -106,6 +108,7 @@ class Kernel:
 
     products = "VNNI"  # the instruction sets of the products and attention kernels it is built over
     attention = "AVX-512"
+    layout = "VNNI"  # the blocked weights' layout it reads: the products kernel of this process must write it
 
     def __init__(self, library: ctypes.CDLL):
         pointer, size = ctypes.c_void_p, ctypes.c_int64
@@ -133,11 +136,22 @@ class Kernel:
         return out
 
 
+class AmxKernel(Kernel):
+    """The loaded AMX library: the same calls, once Linux lets the process use AMX's tiles."""
+
+    products = "AMX"
+
+    def __init__(self, library: ctypes.CDLL):
+        int8_products.AmxKernel(library)  # asks Linux for the tiles, as the products kernel does, or refuses
+        super().__init__(library)
+
+
 class Avx2Kernel(Kernel):
     """The loaded AVX2 library: the same calls."""
 
     products = "AVX2"
     attention = "AVX2"
+    layout = "AVX2"
 
 
 class Int8FusedLayer(BertLayer):
@@ -203,8 +217,8 @@ def _check(candidate: Kernel) -> None:
     feed-forward output layer's input 8-bit and 12-bit), on one thread and on three: equal bit for bit."""
     attention_kernel = attention.kernel()
     products = int8_products.kernel()
-    if products is None or products.instruction_set != candidate.products:
-        raise KernelUnavailable(f"the int8 layer needs the {candidate.products} products kernel: "
+    if products is None or products.layout != candidate.layout:
+        raise KernelUnavailable(f"the int8 layer needs a products kernel of the {candidate.layout} layout: "
                                 f"{int8_products.why_not() or f'the one here is the {products.instruction_set} one'}")
     if attention_kernel is None or attention_kernel.instruction_set != candidate.attention:
         found = attention.why_not() or f"the one here is the {attention_kernel.instruction_set} one"
@@ -228,9 +242,11 @@ def _check(candidate: Kernel) -> None:
                                         f"{threads} thread(s)")
 
 
-# Each variant, built and checked at its first call (None where it cannot run), and the one the layers use: VNNI's
-# where it runs, else AVX2's (None where neither can run; why_not() says why not).
+# Each variant, built and checked at its first call (None where it cannot run), and the one the layers use: AMX's
+# where it runs, else VNNI's, else AVX2's (None where none can run; why_not() says why not).
+amx_kernel = FirstUse(AMX_SOURCE_NAME, AmxKernel, _check,
+                      "int8 layers: the VNNI or AVX2 C layer or one module call per part")
 vnni_kernel = FirstUse(SOURCE_NAME, Kernel, _check, "int8 layers: the AVX2 C layer or one module call per part")
 avx2_kernel = FirstUse(AVX2_SOURCE_NAME, Avx2Kernel, _check, "int8 layers: one module call per part")
-kernel = FirstOf(vnni_kernel, avx2_kernel)
+kernel = FirstOf(amx_kernel, vnni_kernel, avx2_kernel)
 why_not = kernel.why_not

@@ -46,8 +46,9 @@ def int8_path_identity() -> str:
 
 def describe() -> str:
     """What runs the int8 layers here, and why not the fastest path where it does not run."""
-    if int8_layer.kernel() is not None:
-        return "each layer in one C call"
+    layer = int8_layer.kernel()
+    if layer is not None:
+        return f"each layer in one C call ({layer.products} products)"
     steps = "row steps in numba" if int8_numba.AVAILABLE else "row steps in torch (numba is not installed)"
     found = int8_products.kernel()
     products = f"{found.instruction_set} products" if found is not None else "torch._int_mm products"

@@ -1,12 +1,13 @@
 """The int8 layers' matrix products in C: on CPUs with AVX512-VNNI (`kernels/c/int8_products.c`), faster than
-`torch._int_mm` at every row count, most at the few rows of a query; on CPUs with AVX2 alone
+`torch._int_mm` at every row count, most at the few rows of a query; on CPUs with AMX as well
+(`kernels/c/int8_products_amx.c`), the same with sixteen rows at a time on AMX's tiles; on CPUs with AVX2 alone
 (`kernels/c/int8_products_avx2.c`), where `torch._int_mm` runs about 30x slower than float32's product.
 
-Built and loaded at first use (`kernels.loading`): the VNNI kernel where the CPU has it, else the AVX2 one. Before
-first use, its products are checked against the exact products on shapes that exercise every row and column tail
-(and, for the AVX2 kernel, 12-bit inputs); they must be equal bit for bit, so which one runs changes no result.
-`kernel()` is None (and `torch._int_mm` serves, with the same results) where neither can run: not x86-64 Linux, no
-AVX2, no compiler, a failed build or check. `why_not()` then says which.
+Built and loaded at first use (`kernels.loading`): the AMX kernel where the CPU and Linux allow it, else the VNNI one,
+else the AVX2 one. Before first use, its products are checked against the exact products on shapes that exercise every
+row and column tail (and, for the AVX2 kernel, 12-bit inputs); they must be equal bit for bit, so which one runs
+changes no result. `kernel()` is None (and `torch._int_mm` serves, with the same results) where none can run: not
+x86-64 Linux, no AVX2, no compiler, a failed build or check. `why_not()` then says which.
 
 When it runs: always, on torch's thread count (OpenMP, torch's own pool: see the C files); BENCHMARKS.md ("One query at
 a time on a CPU") has the VNNI kernel's times against `torch._int_mm`, `python -m bench.peak.int8_products` the AVX2
@@ -18,6 +19,7 @@ copy).
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +30,7 @@ from kernels.loading import FirstOf, FirstUse, KernelUnavailable
 
 SOURCE_NAME = "int8_products.c"
 AVX2_SOURCE_NAME = "int8_products_avx2.c"
+AMX_SOURCE_NAME = "int8_products_amx.c"
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Kernel:
     """The loaded VNNI library."""
 
     instruction_set = "VNNI"  # what /info and the log name it by
+    layout = "VNNI"  # the blocked weights' layout, which the C layers read too (AMX's kernel shares VNNI's)
     takes_16_bits = False  # whether `matmul` takes 12-bit rows (int16) in one product
 
     def __init__(self, library: ctypes.CDLL):
@@ -89,7 +93,7 @@ class Kernel:
         thread count. ctypes lets go of the GIL for the call, as torch's own kernels do."""
         m, k = rows.shape
         if k != weights.in_features or rows.dtype != torch.int8 or not rows.is_contiguous():
-            raise ValueError(f"the VNNI kernel takes contiguous int8 rows of {weights.in_features}, "
+            raise ValueError(f"the {self.instruction_set} kernel takes contiguous int8 rows of {weights.in_features}, "
                              f"not {tuple(rows.shape)} {rows.dtype}")
         out = torch.empty(m, weights.out_features, dtype=torch.int32)
         self._matmul(rows.data_ptr(), m, k, weights.blocked.data_ptr(), weights.correction.data_ptr(),
@@ -97,11 +101,25 @@ class Kernel:
         return out
 
 
+class AmxKernel(Kernel):
+    """The loaded AMX library: the VNNI kernel's layout and calls, sixteen rows at a time on AMX's tiles. Linux must
+    first let this process use the tiles (Linux 5.16 and later); where it does not, the kernel cannot run."""
+
+    instruction_set = "AMX"
+
+    def __init__(self, library: ctypes.CDLL):
+        refusal = _declared(library.amx_request, [], ctypes.c_int)()
+        if refusal:
+            raise KernelUnavailable(f"Linux did not let this process use AMX's tiles: {os.strerror(refusal)}")
+        super().__init__(library)
+
+
 class Avx2Kernel(Kernel):
     """The loaded AVX2 library: the same weight calls (its own layout), 16-bit rows: int8 ones are widened first,
     12-bit ones go in as they are, in one product."""
 
     instruction_set = "AVX2"
+    layout = "AVX2"
     takes_16_bits = True
 
     @staticmethod
@@ -136,14 +154,16 @@ def twelve_bit_products(values: torch.Tensor, int8_products: Callable[[torch.Ten
 
 
 def _check(candidate: Kernel) -> None:
-    """Every row tail (1-6, 7-13) and column tail (16, 48, 80 columns) against the exact products, for int8 rows
-    and, where the kernel takes them, 12-bit ones at their extremes."""
+    """Every row tail (1-6, 7-13; past whole tiles of 16 rows: 17, 33, 40) and column tail (16, 48, 80 columns)
+    against the exact products, for int8 rows (random ones and their extreme) and, where the kernel takes them, 12-bit
+    ones at their extremes."""
     generator = torch.Generator().manual_seed(0)
     for k, n in ((4, 16), (64, 48), (384, 80), (96, 200)):
         weight_t = torch.randint(-128, 128, (k, n), dtype=torch.int8, generator=generator)
         blocked = candidate.block(weight_t)
-        for m in (1, 2, 3, 4, 5, 6, 7, 13, 17, 40):
-            inputs = [torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=generator)]
+        for m in (1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 32, 33, 40):
+            inputs = [torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=generator),
+                      torch.full((m, k), -128, dtype=torch.int8)]
             if candidate.takes_16_bits:
                 inputs.append(torch.randint(-2047, 2048, (m, k), dtype=torch.int16, generator=generator))
                 inputs.append(torch.full((m, k), -2047, dtype=torch.int16))
@@ -153,11 +173,12 @@ def _check(candidate: Kernel) -> None:
                                             f"ones at {m} x {k} x {n} ({rows.dtype} rows)")
 
 
-# Each kernel, built and checked at its first call (None where it cannot run), and the one the layers use: VNNI where
-# it runs, else AVX2 (None where neither can run; why_not() says why not).
+# Each kernel, built and checked at its first call (None where it cannot run), and the one the layers use: AMX where
+# it runs, else VNNI, else AVX2 (None where none can run; why_not() says why not).
+amx_kernel = FirstUse(AMX_SOURCE_NAME, AmxKernel, _check, "int8 products: the VNNI or AVX2 kernel or torch._int_mm")
 vnni_kernel = FirstUse(SOURCE_NAME, Kernel, _check, "int8 products: the AVX2 kernel or torch._int_mm")
 avx2_kernel = FirstUse(AVX2_SOURCE_NAME, Avx2Kernel, _check, "int8 products: torch._int_mm")
-kernel = FirstOf(vnni_kernel, avx2_kernel)
+kernel = FirstOf(amx_kernel, vnni_kernel, avx2_kernel)
 why_not = kernel.why_not
 
 

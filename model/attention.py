@@ -6,8 +6,9 @@ their own. The padded path (one SDPA call over the (B, T) layout with a key mask
   60 short ones, so the batcher may mix lengths freely (`attention_pads` is False).
 - CPU at inference: a kernel for short sequences where one is installed (`use_cpu_kernel`; the `kernels` package
   has one in C for AVX-512 CPUs, in bfloat16 too where the CPU has AVX512-BF16) for every sequence of at most its
-  `max_length` tokens, all in one call, in the network's dtype where the kernel takes it; then one
-  SDPA call per longer sequence when that costs less than one padded call (Packing.attend_each_on_cpu). The network
+  `longest` tokens, all in one call, in the network's dtype where the kernel takes it; then one
+  SDPA call per longer sequence when that costs less than one padded call (Packing.attend_each_on_cpu), in
+  float32 or, where the CPU has AMX, bfloat16 (`torch_attention_dtype`). The network
   itself computes with torch alone, and knows no kernel package.
 - Elsewhere (float32 on CUDA, older torch, training with attention dropout): the padded call. Padding costs
   attention work there, and the batcher's padding cap (max_padding_fraction) keeps long and short apart.
@@ -23,6 +24,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from model.device import cpu_has_amx_bf16
 from model.packing import Packing
 
 try:  # PyTorch >= 2.10
@@ -38,7 +40,8 @@ VARLEN_MAX_HEAD_DIM = 256
 class ShortSequenceKernel(Protocol):
     """Attention of short packed sequences on a CPU, in one call for the whole batch."""
 
-    max_length: int  # the longest sequence it takes
+    def longest(self, dtype: torch.dtype, head_dim: int) -> int:
+        """The longest sequence it takes in `dtype` at this head size (torch's attention serves longer ones)."""
 
     def fits(self, head_dim: int) -> bool: ...
 
@@ -68,6 +71,15 @@ def use_cpu_kernel(provider: Callable[[], ShortSequenceKernel | None] | None) ->
 def cpu_kernel() -> ShortSequenceKernel | None:
     """The installed CPU attention kernel, where one is installed and can run here."""
     return _cpu_kernel()
+
+
+def torch_attention_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch's CPU attention runs in for a network in `dtype`. float32 (in and out through copies) except
+    where the CPU has AMX: torch's bfloat16 attention costs more than float32's with the copies elsewhere (a bfloat16
+    model 241 -> 249 seq/s on one core with them, issue #15), and much less on AMX, whose tile products its flash
+    attention takes (a 2-core Sapphire Rapids, 12 heads of 32, 256 tokens: 15.7 ms against 46.0; heads of 64: 18.6
+    against 79.0; `python -m bench.peak.attention --dtype bfloat16 --lengths ...`)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 and cpu_has_amx_bf16() else torch.float32
 
 
 def runs_varlen(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
@@ -105,7 +117,7 @@ def attend_on_cpu(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim:
     # The kernel has no backward: a caller asking for gradients gets torch's attention.
     kernel = None if qkv.requires_grad else cpu_kernel()
     kernel = kernel if kernel is not None and kernel.fits(head_dim) else None
-    if (kernel is not None and packing.max_length <= kernel.max_length) or \
+    if (kernel is not None and packing.max_length <= kernel.longest(qkv.dtype, head_dim)) or \
             packing.attend_each_on_cpu(num_heads * head_dim):
         return attend_each(qkv, packing, num_heads, head_dim, kernel)
     return None
@@ -120,27 +132,31 @@ def attend_each(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim: i
     (Packing.attend_each_on_cpu weighs the two). On a GPU one padded call wins (launch costs).
     """
     hidden = num_heads * head_dim
-    if kernel is not None and kernel.takes(qkv.dtype) and packing.max_length <= kernel.max_length and \
+    limit = kernel.longest(qkv.dtype, head_dim) if kernel is not None else 0  # the kernel's longest sequence
+    if kernel is not None and kernel.takes(qkv.dtype) and packing.max_length <= limit and \
             packing.key_lengths is None:  # every sequence in one kernel call, in the network's dtype
         out = _output_rows(qkv, hidden, packing)
         kernel.attend(qkv.contiguous(), packing.starts, packing.lengths, packing.max_length, num_heads, head_dim, out)
         return out
-    # torch's CPU attention runs faster in float32 than in bfloat16 at these lengths, enough to pay for the
-    # two conversions: bf16 model 241 -> 249 seq/s on one core (BENCHMARKS.md, issue #15).
+    # Both the kernel and torch in the dtype torch's attention runs fastest in (float32 through copies, or the
+    # network's bfloat16 where the kernel takes it too).
     dtype = qkv.dtype
-    qkv = qkv.float()
+    work = torch_attention_dtype(dtype)
+    if kernel is not None and not kernel.takes(work):
+        work = torch.float32
+    qkv = qkv.to(work)
     out = _output_rows(qkv, hidden, packing)
     keys = packing.key_lengths or tuple(length for _, length in packing.spans)
     spans = [(start, length, attended) for (start, length), attended in zip(packing.spans, keys)]
     if kernel is not None:  # the short sequences in one kernel call, torch the rest
-        if packing.max_length <= kernel.max_length and packing.key_lengths is None:
+        if packing.max_length <= limit and packing.key_lengths is None:
             starts, lengths, longest, spans = packing.starts, packing.lengths, packing.max_length, ()  # all of them
         else:  # the kernel attends each sequence to all of itself: those that restrict their keys go to torch
             short = [(start, length) for start, length, attended in spans
-                     if length <= kernel.max_length and attended == length]
+                     if length <= limit and attended == length]
             starts, lengths = torch.tensor([start for start, _ in short]), torch.tensor([n for _, n in short])
             longest = max((n for _, n in short), default=0)
-            spans = [span for span in spans if span[1] > kernel.max_length or span[2] != span[1]]
+            spans = [span for span in spans if span[1] > limit or span[2] != span[1]]
         if longest:
             qkv = qkv.contiguous()
             kernel.attend(qkv, starts, lengths, longest, num_heads, head_dim, out)

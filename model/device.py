@@ -33,6 +33,16 @@ def cpu_has_native_bf16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
+def cpu_has_amx_bf16() -> bool:
+    """Whether this CPU has AMX's bfloat16 tile products (Intel Sapphire Rapids and later), which torch's own CPU
+    attention uses in bfloat16."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags.split()
+
+
 def fast_half_dtype(device: torch.device) -> torch.dtype | None:
     """The half-precision type this device computes fastest, or None when float32 is fastest."""
     if device.type == "cuda":

@@ -175,7 +175,7 @@ def test_the_installed_server_serves_int8_with_the_c_kernels(installed):
         server.wait(timeout=60)
     assert precision.startswith("int8") and len(vectors[0]) == 384
     if int8_layer.kernel() is not None:  # this machine runs the C layer from the checkout: so must the installed copy
-        assert precision.endswith("; each layer in one C call)"), precision
+        assert precision.endswith(f"; each layer in one C call ({int8_layer.kernel().products} products))"), precision
         # built from the installed sources into the kernel directory: nothing written beside the package
         used = [next(choice.source_name.removesuffix(".c") for choice in module.kernel.choices if choice())
                 for module in (attention, int8_layer, int8_products)]  # each the first of its kinds that runs here

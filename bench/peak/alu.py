@@ -35,12 +35,16 @@ class Loop:
 
 
 LOOPS = (
+    Loop("int8_amx", "int8", "AMX tdpbssd (16x64 by 64x16 tiles)", ("amx_tile", "amx_int8"), 4 * 32768,
+         ctypes.c_int64),
     Loop("int8_avx512_vnni", "int8", "AVX512-VNNI vpdpbusd zmm", ("avx512f", "avx512_vnni"), 16 * 128,
          ctypes.c_int64),
     Loop("int8_avx_vnni", "int8", "AVX-VNNI vpdpbusd ymm", ("avx2", "avx_vnni"), 12 * 64, ctypes.c_int64),
     Loop("int8_avx2_madd", "int8", "AVX2 vpmaddwd + vpaddd ymm (16-bit pairs)", ("avx2",), 12 * 32, ctypes.c_int64),
     Loop("float32_avx512_fma", "float32", "AVX-512 vfmadd zmm", ("avx512f",), 16 * 32, ctypes.c_double),
     Loop("float32_avx2_fma", "float32", "AVX2 vfmadd ymm", ("avx2", "fma"), 12 * 16, ctypes.c_double),
+    Loop("bfloat16_amx", "bfloat16", "AMX tdpbf16ps (16x32 by 32x16 tiles)", ("amx_tile", "amx_bf16"), 4 * 16384,
+         ctypes.c_double),
     Loop("bfloat16_avx512_dot", "bfloat16", "AVX512-BF16 vdpbf16ps zmm", ("avx512f", "avx512_bf16"), 16 * 64,
          ctypes.c_double),
 )
@@ -54,10 +58,13 @@ class AluPeak:
     ops_per_s: float
 
 
-def runnable_loops() -> list[Loop]:
-    """The widest loop of each precision this CPU runs (LOOPS lists the wider first)."""
+def runnable_loops(amx_allowed: bool = True) -> list[Loop]:
+    """The widest loop of each precision this CPU runs (LOOPS lists the wider first); AMX's only where Linux lends
+    the process its tiles (`amx_allowed`)."""
     chosen: dict[str, Loop] = {}
     for loop in LOOPS:
+        if "amx_tile" in loop.flags and not amx_allowed:
+            continue
         if loop.precision not in chosen and all(flag in cpu_features.cpu_flags() for flag in loop.flags):
             chosen[loop.precision] = loop
     return list(chosen.values())
@@ -120,7 +127,7 @@ def measure(seconds: float = 0.3, repeats: int = 3, thread_counts: list[int] | N
     library = Library()
     counts = thread_counts or sorted({1, usable_cores()})
     found = []
-    for loop in runnable_loops():
+    for loop in runnable_loops(amx_allowed=bool(library.library.amx_usable())):
         for threads in counts:
             best = max(library.rate(loop, threads, seconds) for _ in range(repeats))
             found.append(AluPeak(loop.precision, loop.instruction, threads, best))

@@ -138,3 +138,51 @@ double bfloat16_avx512_dot(int64_t rounds, const float *seed) {
 #undef STEP
 #undef SUM
 }
+
+/* AMX: eight tile registers, so four accumulators (16 x 16 int32 or float32 tiles), each a chain of one tile product
+ * a round over two row tiles and two column tiles loaded once (stride 0: the seed's first 64 bytes on every row).
+ * tdpbssd: 16 x 16 sums of 64 int8 products = 32,768 operations; tdpbf16ps: of 32 bfloat16 ones = 16,384. Linux lends
+ * the tile registers to a process that asks (Linux 5.16+); each thread loads the tiles' shapes before using them. */
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* 1 where Linux lends this process the tile registers, else 0 (bench/peak/alu.py then leaves the AMX loops out). */
+int amx_usable(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+
+static int amx_ready(void) {
+    typedef struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t bytes_per_row[16];
+        uint8_t rows[16];
+    } __attribute__((packed, aligned(64))) tile_shapes;
+    if (!amx_usable()) return 0;
+    tile_shapes shapes;
+    memset(&shapes, 0, sizeof shapes);
+    shapes.palette = 1;
+    for (int t = 0; t < 8; t++) shapes.rows[t] = 16, shapes.bytes_per_row[t] = 64;
+    __asm__ volatile("ldtilecfg %0" : : "m"(shapes));
+    return 1;
+}
+
+/* The accumulators' first elements summed, as the other loops' results are (their sums keep the loop alive). */
+#define AMX_ROUNDS(PRODUCT, TYPE)                                                                                   \
+    if (!amx_ready()) return -1;                                                                                    \
+    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);                \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm4\n\ttileloadd (%0,%1,1), %%tmm5\n\t"                               \
+                     "tileloadd (%0,%1,1), %%tmm6\n\ttileloadd (%0,%1,1), %%tmm7" : : "r"(seed), "r"((int64_t)0)); \
+    for (int64_t r = 0; r < rounds; r++)                                                                            \
+        __asm__ volatile(PRODUCT " %%tmm6, %%tmm4, %%tmm0\n\t" PRODUCT " %%tmm7, %%tmm4, %%tmm1\n\t"                \
+                         PRODUCT " %%tmm6, %%tmm5, %%tmm2\n\t" PRODUCT " %%tmm7, %%tmm5, %%tmm3" ::);               \
+    TYPE out[4][256] __attribute__((aligned(64)));                                                                  \
+    __asm__ volatile("tilestored %%tmm0, (%0,%1,1)\n\ttilestored %%tmm1, (%2,%1,1)\n\t"                             \
+                     "tilestored %%tmm2, (%3,%1,1)\n\ttilestored %%tmm3, (%4,%1,1)"                                 \
+                     : : "r"(out[0]), "r"((int64_t)64), "r"(out[1]), "r"(out[2]), "r"(out[3]) : "memory");         \
+    __asm__ volatile("tilerelease" ::);                                                                             \
+    return (double)out[0][0] + out[1][0] + out[2][0] + out[3][0];
+
+int64_t int8_amx(int64_t rounds, const int8_t *seed) { AMX_ROUNDS("tdpbssd", int32_t) }
+
+double bfloat16_amx(int64_t rounds, const float *seed) { AMX_ROUNDS("tdpbf16ps", float) }

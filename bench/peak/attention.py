@@ -51,8 +51,12 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     heads, head_dim = args.heads, args.head_dim
     peer = "torch SDPA" if dtype == torch.float32 else "float32 kernel + copies"
+    # bfloat16: also torch's own bfloat16 SDPA, one call per sequence (what runs above the kernel's longest sequence
+    # where the CPU has AMX: model.attention.torch_attention_dtype)
+    own = " torch bfloat16 ms | C / torch bfloat16 |" if dtype == torch.bfloat16 else ""
     print(f"{heads} heads of {head_dim}, {args.dtype}\n\n| threads | tokens x sequences | C ms | GFLOP/s | {peer} ms | "
-          f"C / {peer} | largest difference |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"C / {peer} | largest difference |{own}\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+          f"{' ---: | ---: |' if own else ''}")
     for threads in args.threads:
         torch.set_num_threads(threads)
         for length in args.lengths:
@@ -71,8 +75,13 @@ def main() -> None:
             difference = (kernel.attend_spans(qkv, spans, heads, head_dim).float()
                           - int8_reference.sdpa_each(qkv.float(), spans, heads, head_dim)).abs().max()
             flops = 4 * count * heads * head_dim * length * length
-            print(f"| {threads} | {length} x {count} | {mine:.2f} | {flops / mine / 1e6:.0f} | {theirs:.2f} | "
-                  f"{mine / theirs:.2f} | {difference:.1e} |", flush=True)
+            line = f"| {threads} | {length} x {count} | {mine:.2f} | {flops / mine / 1e6:.0f} | {theirs:.2f} | " \
+                   f"{mine / theirs:.2f} | {difference:.1e} |"
+            if own:
+                torch_own = best_ms(lambda: int8_reference.sdpa_each(qkv, spans, heads, head_dim), args.repeats,
+                                    warm_ups=1)
+                line += f" {torch_own:.2f} | {mine / torch_own:.2f} |"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

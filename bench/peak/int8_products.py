@@ -1,4 +1,5 @@
-"""The int8 products kernels (kernels/c/int8_products.c with VNNI, int8_products_avx2.c with AVX2) against what runs
+"""The int8 products kernels (kernels/c/int8_products_amx.c with AMX, int8_products.c with VNNI, int8_products_avx2.c
+with AVX2) against what runs
 beside or without them: torch's float32 product of the same shape (what a float32 model computes instead) and
 torch._int_mm (the int8 path where no kernel runs), at all-MiniLM-L6-v2's four layer shapes summed, for a query's
 rows up to a large batch's.
@@ -30,14 +31,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--skip-int-mm", action="store_true", help="leave torch._int_mm's column out")
     args = parser.parse_args()
-    kernels = {name: found() for name, found in (("VNNI", int8_products.vnni_kernel),
-                                                  ("AVX2", int8_products.avx2_kernel))}
-    runnable = {name: found for name, found in kernels.items() if found is not None}
+    runnable = {}
+    for choice in int8_products.kernel.choices:  # every instruction set's kernel, the best first
+        found = choice()
+        if found is None:
+            print(f"{choice.source_name}: not here ({choice.why_not()})")
+        else:
+            runnable[found.instruction_set] = found
     if not runnable:
         raise SystemExit(f"no int8 products kernel here: {int8_products.why_not()}")
-    for name in kernels.keys() - runnable.keys():
-        print(f"{name}: not here ({int8_products.vnni_kernel.why_not() if name == 'VNNI' else ''}"
-              f"{int8_products.avx2_kernel.why_not() if name == 'AVX2' else ''})")
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randint(-127, 128, shape, dtype=torch.int8, generator=generator) for shape in SHAPES]
     int_mm = "" if args.skip_int_mm else " torch._int_mm ms | kernel / _int_mm |"

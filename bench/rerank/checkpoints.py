@@ -21,6 +21,7 @@ class Models:
 
 def build(work: Path) -> Models:
     """The three models under `work` (built once: a later run reuses them)."""
+    work = work.resolve()  # the references run in a scratch folder of their own: a relative path would land there
     models = Models(work / "pylate-minilm", work / "colbert-ai-minilm", work / "cross-encoder-minilm")
     commands = []
     if not models.pylate.is_dir():

@@ -18,8 +18,8 @@ from model.packing import Packing
 from tests.conftest import random_model
 
 PRODUCTS = int8_products.kernel()  # the one the layers use here
-# Every products kernel this CPU runs: a CPU with VNNI runs the AVX2 one too, so both are tested there
-EVERY_PRODUCTS = [found for found in (int8_products.vnni_kernel(), int8_products.avx2_kernel()) if found is not None]
+# Every products kernel this CPU runs: a CPU with AMX runs the VNNI and AVX2 ones too, so each is tested there
+EVERY_PRODUCTS = [found for found in (choice() for choice in int8_products.kernel.choices) if found is not None]
 ATTENTION = attention.kernel()  # the one the model uses here
 # Every attention kernel this CPU runs: a CPU with AVX-512 runs the AVX2 one too
 EVERY_ATTENTION = [found for found in (attention.avx512_kernel(), attention.avx2_kernel()) if found is not None]
@@ -33,7 +33,7 @@ CLOSE = dict(atol=1e-4, rtol=1e-4)
 
 @each_products_kernel
 @pytest.mark.parametrize("k, n", [(384, 1152), (1536, 384), (64, 48), (8, 200), (96, 17)])
-@pytest.mark.parametrize("m", [1, 5, 6, 7, 17, 34, 100])
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 16, 17, 34, 100])  # AMX: tiles of 16 rows, the rest as VNNI
 def test_kernel_products_equal_int_mm_bit_for_bit(products, m, k, n):
     generator = torch.Generator().manual_seed(m * 7 + k + n)
     weight_t = torch.randint(-127, 128, (k, n), dtype=torch.int8, generator=generator)
@@ -183,6 +183,31 @@ def test_attend_on_cpu_mixes_the_kernel_for_short_sequences_with_torch_for_long_
     # bfloat16 in, bfloat16 out (computed in float32)
     half = attend_on_cpu(qkv.bfloat16(), packing, heads, head_dim)
     assert half.dtype == torch.bfloat16
+
+
+@needs_attention
+@pytest.mark.skipif(attention.bfloat16_kernel() is None, reason=f"no bfloat16 attention kernel here: "
+                                                                f"{attention.bfloat16_kernel.why_not()}")
+@pytest.mark.parametrize("amx", [True, False])
+def test_a_bfloat16_network_sends_only_sequences_past_the_kernels_longest_to_torch(monkeypatch, amx):
+    """Where the CPU has AMX, torch's bfloat16 attention overtakes the kernel past about 150 tokens of heads of 32
+    and serves longer sequences in bfloat16 itself; elsewhere the kernel takes every length up to 512."""
+    monkeypatch.setattr(model_attention, "cpu_has_amx_bf16", lambda: amx)
+    heads, head_dim = 4, 32
+    limit = ATTENTION.longest(torch.bfloat16, head_dim)
+    assert limit == (attention.AMX_BFLOAT16_TOKENS_BY_WIDTH // head_dim if amx else attention.MAX_LENGTH)
+    assert ATTENTION.longest(torch.float32, head_dim) == attention.MAX_LENGTH  # float32's kernel is not affected
+    lengths = [limit + 20, 7, limit, 50]
+    qkv, packing = packed_qkv(lengths, heads, head_dim, seed=4)
+    calls, sdpa = [], model_attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(model_attention.F, "scaled_dot_product_attention",
+                        lambda q, k, v: calls.append((q.dtype, q.shape[2])) or sdpa(q, k, v))
+    got = attend_on_cpu(qkv.bfloat16(), packing, heads, head_dim)
+    assert got.dtype == torch.bfloat16
+    # the rest in one kernel call; without AMX torch's attention runs in float32, through copies
+    assert calls == [(torch.bfloat16 if amx else torch.float32, limit + 20)]
+    expected = int8_reference.sdpa_each(qkv.bfloat16().float(), packing.spans, heads, head_dim)
+    torch.testing.assert_close(got.float(), expected, atol=0.05, rtol=0.02)  # bfloat16's rounding
 
 
 @needs_attention

@@ -1,4 +1,5 @@
-"""Whole int8 layers in one C call (kernels/c/int8_layer.c, or int8_layer_avx2.c where the CPU has AVX2 alone): the
+"""Whole int8 layers in one C call (kernels/c/int8_layer.c, int8_layer_amx.c where the CPU has AMX, or
+int8_layer_avx2.c where it has AVX2 alone): the
 reference formulas' bits, and the layer's own int8 modules' wherever both run the same attention; batched equal to
 single and several threads equal to one (bit for bit); the modules wherever the call cannot take the input; and no
 cast or move of the model that would leave the C layer reading stale constants."""
@@ -17,6 +18,7 @@ from devkit.paths import REPO_ROOT
 from kernels import attention, int8_layer, int8_reference
 from kernels.quantize import quantize
 from model.bert import BertLayer
+from model.config import BertConfig
 from model.packing import Packing
 from tests.conftest import random_model
 
@@ -75,6 +77,23 @@ def test_the_c_layer_gives_the_reference_bits_and_the_modules_bits(tokenizer, th
     # against torch's attention at every length: within the rounding of attention, amplified the same way
     torch.testing.assert_close(got, with_torch_attention, atol=0.05, rtol=0)
     assert (got - with_torch_attention).abs().median() < 1e-5
+
+
+@pytest.mark.skipif(int8_layer.amx_kernel() is None or int8_layer.vnni_kernel() is None,
+                    reason=f"no AMX C layer here: {int8_layer.amx_kernel.why_not()}")
+@pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
+def test_the_amx_layer_gives_the_vnni_layers_bits_at_minilms_shape(threads, bits):
+    """AMX's tiles take 16 rows and 64 inputs at a time; the rows left over run on VNNI's loops: every row count
+    below is a different split, and all-MiniLM-L6-v2's widths (384, 1,536) the tiles' real work."""
+    config = BertConfig(vocab_size=64, hidden_size=384, num_hidden_layers=1, num_attention_heads=12,
+                        intermediate_size=1536, max_position_embeddings=512)
+    layer = int8_layer.random_int8_layer(config, torch.Generator().manual_seed(2), contract_input_bits=bits)
+    weights = int8_layer.LayerWeights(layer)
+    amx, vnni = int8_layer.amx_kernel(), int8_layer.vnni_kernel()
+    for lengths in ([1], [15], [16], [40, 7, 33], [200, 9]):  # 200 + 9: a chunk of 192 rows and a tail
+        x, packing = packed_input(lengths, hidden=384, seed=len(lengths))
+        for count in (1, 2):
+            assert torch.equal(amx.run(weights, x, packing, count), vnni.run(weights, x, packing, count)), lengths
 
 
 @pytest.mark.parametrize("bits", int8_reference.INPUT_BITS)
@@ -189,4 +208,4 @@ print(int8_path.describe())
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines() == ["False True", "each layer in one C call"]
+    assert done.stdout.splitlines() == ["False True", f"each layer in one C call ({LAYER.products} products)"]

@@ -58,8 +58,8 @@ def test_int8_on_a_gpu_is_refused_with_a_clear_message():
 def test_int8_says_which_path_runs_and_warns_off_the_c_layer(monkeypatch, caplog):
     from kernels import int8_layer, int8_numba, int8_products
 
-    monkeypatch.setattr(int8_layer, "kernel", lambda: object())
-    assert choose("int8", torch.device("cpu")).name.endswith("; each layer in one C call)")
+    monkeypatch.setattr(int8_layer, "kernel", lambda: SimpleNamespace(products="AMX"))
+    assert choose("int8", torch.device("cpu")).name.endswith("; each layer in one C call (AMX products))")
     monkeypatch.setattr(int8_layer, "kernel", lambda: None)
     monkeypatch.setattr(int8_layer, "why_not", lambda: "no C compiler (cc) to build int8_layer.c")
     monkeypatch.setattr(int8_products, "kernel", lambda: SimpleNamespace(instruction_set="VNNI"))
