@@ -24,7 +24,8 @@ A bfloat16 network's qkv goes to `kernels/c/attention_bf16.c` as it is, where th
 algorithm in vdpbf16ps, bfloat16 in and out, so no layer copies qkv to float32 and its output back: 0.37-0.54x the
 time of the float32 kernel between those copies, two threads, 32 to 512 tokens (`python -m bench.peak.attention
 --dtype bfloat16`). Checked against SDPA in float32 on the same bfloat16 inputs (within bfloat16's rounding of the
-output). Elsewhere the float32 kernel serves it, between the two copies.
+output). Elsewhere the float32 kernel serves it, between the two copies. Where the CPU has AMX, torch's own bfloat16
+attention runs on AMX's tiles and is faster past about 150 tokens of heads of 32: `Kernel.longest` hands it those.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ SOURCE_NAME = "attention.c"
 AVX2_SOURCE_NAME = "attention_avx2.c"
 MAX_LENGTH = 512  # the longest measured: faster than SDPA at every length up to it (module docstring)
 # On a CPU with AMX, torch's bfloat16 attention (model.attention.torch_attention_dtype) overtakes the bfloat16 kernel
-# once a sequence's tokens x head size passes about this many (two threads of a Sapphire Rapids, 12 heads: of 32,
-# 13.5 / 14.5 ms at 128 tokens, 15.1 / 14.7 at 160, 22.6 / 15.7 at 256; of 64, 17.8 / 16.6 at 96, 42.0 / 18.6 at
-# 256: `python -m bench.peak.attention --dtype bfloat16 --lengths ...`)
+# once a sequence's tokens x head size passes about this many (two threads of a Sapphire Rapids-class Xeon, 12 heads,
+# kernel / torch ms: of 32, 12.8 / 14.1 at 128 tokens, 15.0 / 13.6 at 160, 22.0 / 14.8 at 256; of 64, 13.3 / 11.2 at
+# 96, 42.9 / 20.4 at 256: `python -m bench.peak.attention --dtype bfloat16 --threads 2 --lengths ...`)
 AMX_BFLOAT16_TOKENS_BY_WIDTH = 150 * 32
 
 

@@ -120,24 +120,32 @@ static void rows_times_blocks(const int8_t *a, int64_t first_row, int64_t last_r
     }
 }
 
+/* What runs a thread's rows of some blocks, and the row tiles a split of a block's rows keeps whole: these loops and
+ * their tiles of 6 rows, unless a file including this one (int8_products_amx.c) names its own. */
+#ifndef SPLIT_ROWS
+#define SPLIT_ROWS ROW_TILE
+#define RUN_ROWS rows_times_blocks
+#endif
+
 /* Thread `me` of `team`'s share of c (m, n) int32 = a (m, k) int8 times the blocked (k, n) weights: a run of whole
  * 64-column blocks and every row, so each block is read by one thread; only when the team outnumbers the blocks is
  * each block's rows also split, in whole row tiles. */
 static void products_share(const int8_t *a, int64_t m, int64_t k, const int8_t *blocked, const int32_t *correction,
                            int64_t n, int32_t *c, int64_t me, int64_t team) {
     if (m <= 0) return;
-    const int64_t blocks = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS, tiles = (m + ROW_TILE - 1) / ROW_TILE;
+    const int64_t blocks = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS, tiles = (m + SPLIT_ROWS - 1) / SPLIT_ROWS;
     int64_t row_parts = team > blocks ? (team + blocks - 1) / blocks : 1;
     if (row_parts > tiles) row_parts = tiles;
     if (row_parts == 1) {
-        rows_times_blocks(a, 0, m, k, blocked, correction, n, c, blocks * me / team, blocks * (me + 1) / team);
+        RUN_ROWS(a, 0, m, k, blocked, correction, n, c, blocks * me / team, blocks * (me + 1) / team);
         return;
     }
     const int64_t parts = blocks * row_parts;
     for (int64_t part = parts * me / team; part < parts * (me + 1) / team; part++) {
         const int64_t b = part / row_parts, slice = part % row_parts;
-        const int64_t first = tiles * slice / row_parts * ROW_TILE, last = tiles * (slice + 1) / row_parts * ROW_TILE;
-        rows_times_blocks(a, first, last < m ? last : m, k, blocked, correction, n, c, b, b + 1);
+        const int64_t first = tiles * slice / row_parts * SPLIT_ROWS;
+        const int64_t last = tiles * (slice + 1) / row_parts * SPLIT_ROWS;
+        RUN_ROWS(a, first, last < m ? last : m, k, blocked, correction, n, c, b, b + 1);
     }
 }
 
@@ -148,7 +156,7 @@ static void products_share(const int8_t *a, int64_t m, int64_t k, const int8_t *
  * torch's own parallel loops run these too (two pools on the same cores would spin against each other). */
 void matmul_blocked(const int8_t *a, int64_t m, int64_t k, const int8_t *blocked, const int32_t *correction,
                    int64_t n, int32_t *c, int64_t threads) {
-    const int64_t most = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS * ((m + ROW_TILE - 1) / ROW_TILE);
+    const int64_t most = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS * ((m + SPLIT_ROWS - 1) / SPLIT_ROWS);
     if (threads > most) threads = most;
     if (threads <= 1) {
         products_share(a, m, k, blocked, correction, n, c, 0, 1);

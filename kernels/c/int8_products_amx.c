@@ -13,25 +13,28 @@
  * for each block of 64 columns: four int32 tiles (one per 16 columns), and for each 64 inputs one tile of the rows
  * and, in turn, the four tiles of weights (two tile registers, alternating, so that a load need not wait for the
  * product reading the other). Signed bytes by signed bytes, so no correction. The rows left over (fewer than 16) and
- * a k that is not a multiple of 64 go to the VNNI loops, included below under other names.
+ * a k that is not a multiple of 64 go to the VNNI loops, included below.
  *
  * AMX's registers must be asked of Linux once per process (arch_prctl, Linux 5.16+: `amx_request`, called by the
  * loader before anything else here), and each thread loads the tile shapes before its first tile instruction.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#define products_share vnni_products_share
-#define matmul_blocked vnni_matmul_blocked
-#include "int8_products.c"
-#undef products_share
-#undef matmul_blocked
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define TILE_ROWS 16
 #define TILE_INPUTS 64 /* bytes a tile row holds: 64 inputs of the rows, or 16 columns x 4 inputs of the weights */
+
+/* int8_products.c's share of a product and matmul_blocked, over these rows: split only in whole tiles of 16 rows. */
+#define SPLIT_ROWS TILE_ROWS
+#define RUN_ROWS amx_rows_times_blocks
+static void amx_rows_times_blocks(const int8_t *a, int64_t first_row, int64_t last_row, int64_t k,
+                                  const int8_t *blocked, const int32_t *correction, int64_t n, int32_t *c,
+                                  int64_t first_block, int64_t last_block);
+#include "int8_products.c"
 
 /* 0 once this process may use AMX's tile registers, else the errno of Linux's refusal. */
 int amx_request(void) {
@@ -112,36 +115,4 @@ static void amx_rows_times_blocks(const int8_t *a, int64_t first_row, int64_t la
     }
     if (first_row + tiled_rows < last_row)
         rows_times_blocks(a, first_row + tiled_rows, last_row, k, blocked, correction, n, c, first_block, last_block);
-}
-
-/* int8_products.c's share of a product, its row slices in whole tiles of 16 rows where there are enough of them. */
-static void products_share(const int8_t *a, int64_t m, int64_t k, const int8_t *blocked, const int32_t *correction,
-                           int64_t n, int32_t *c, int64_t me, int64_t team) {
-    if (m <= 0) return;
-    const int64_t blocks = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS, tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
-    int64_t row_parts = team > blocks ? (team + blocks - 1) / blocks : 1;
-    if (row_parts > tiles) row_parts = tiles;
-    if (row_parts == 1) {
-        amx_rows_times_blocks(a, 0, m, k, blocked, correction, n, c, blocks * me / team, blocks * (me + 1) / team);
-        return;
-    }
-    const int64_t parts = blocks * row_parts;
-    for (int64_t part = parts * me / team; part < parts * (me + 1) / team; part++) {
-        const int64_t b = part / row_parts, slice = part % row_parts;
-        const int64_t first = tiles * slice / row_parts * TILE_ROWS, last = tiles * (slice + 1) / row_parts * TILE_ROWS;
-        amx_rows_times_blocks(a, first, last < m ? last : m, k, blocked, correction, n, c, b, b + 1);
-    }
-}
-
-/* int8_products.c's matmul_blocked, on these products. */
-void matmul_blocked(const int8_t *a, int64_t m, int64_t k, const int8_t *blocked, const int32_t *correction,
-                    int64_t n, int32_t *c, int64_t threads) {
-    const int64_t most = (n + BLOCK_COLUMNS - 1) / BLOCK_COLUMNS * ((m + TILE_ROWS - 1) / TILE_ROWS);
-    if (threads > most) threads = most;
-    if (threads <= 1) {
-        products_share(a, m, k, blocked, correction, n, c, 0, 1);
-        return;
-    }
-#pragma omp parallel num_threads(threads)
-    products_share(a, m, k, blocked, correction, n, c, omp_get_thread_num(), omp_get_num_threads());
 }
