@@ -33,6 +33,7 @@ def cpu_has_native_bf16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
+@functools.cache  # asked at every attention call of a bfloat16 network
 def cpu_has_amx_bf16() -> bool:
     """Whether this CPU has AMX's bfloat16 tile products (Intel Sapphire Rapids and later), which torch's own CPU
     attention uses in bfloat16."""
