@@ -56,7 +56,10 @@ def test_sharpened_heads_have_the_margins_asked_for(tiny_token_classifier, tiny_
     margins = sharpen_heads(tagger, answerer, tokenizer, SENTENCES, [(q, CONTEXT) for q in QUESTIONS])
     assert margins["label_margin_median"] == pytest.approx(LABEL_MARGIN, rel=1e-3)
     assert 0 <= margins["label_margin_min"] <= LABEL_MARGIN and 0 <= margins["label_margins_under_1"] <= 1
-    assert min(margins["span_margins"]) == pytest.approx(SPAN_MARGIN, rel=1e-3)
+    # The factor is measured on one pass and checked on another: the tiny answerer's closer question starts at a margin
+    # of 0.03, so the factor (about 60) multiplies any difference between the two passes' last bits (a product's sums
+    # follow the threads it gets); 0.3% was seen once on a busy 2-core machine
+    assert min(margins["span_margins"]) == pytest.approx(SPAN_MARGIN, rel=1e-2)
 
 
 def test_float32_against_itself_is_exact(tiny_token_classifier, tiny_question_answerer):
