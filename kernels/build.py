@@ -41,6 +41,15 @@ KERNELS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # includes attention.c: its library serves float32 and bfloat16 networks
     "attention_bf16.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512, "-mavx512bf16"),
                          ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+    "bf16_products_amx.c": (("-O3", "-fopenmp", *AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+                            ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_tile", "amx_bf16")),
+    # includes bf16_products_amx.c and attention_bf16_amx.c: a bfloat16 layer in one call
+    "bf16_layer_amx.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", *AVX512, "-mavx512bf16", "-mamx-tile",
+                          "-mamx-bf16"),
+                         ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_tile", "amx_bf16")),
+    # includes attention_bf16.c: its loops take the head sizes and sequences the tiles do not
+    "attention_bf16_amx.c": (("-O3", "-fopenmp", *EXACT_FLOATS, *AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+                             ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "amx_tile", "amx_bf16")),
     # each includes a products and an attention kernel above (a library of its own: one call a layer)
     "int8_layer.c": (("-O3", "-fopenmp", *EXACT_FLOATS, "-fno-math-errno", *AVX512, "-mavx512vnni"),
                      ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")),

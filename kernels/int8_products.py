@@ -19,14 +19,13 @@ copy).
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from kernels import int8_reference
-from kernels.loading import FirstOf, FirstUse, KernelUnavailable
+from kernels.loading import FirstOf, FirstUse, KernelUnavailable, ask_for_amx
 
 SOURCE_NAME = "int8_products.c"
 AVX2_SOURCE_NAME = "int8_products_avx2.c"
@@ -108,9 +107,7 @@ class AmxKernel(Kernel):
     instruction_set = "AMX"
 
     def __init__(self, library: ctypes.CDLL):
-        refusal = _declared(library.amx_request, [], ctypes.c_int)()
-        if refusal:
-            raise KernelUnavailable(f"Linux did not let this process use AMX's tiles: {os.strerror(refusal)}")
+        ask_for_amx(library)
         super().__init__(library)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +93,15 @@ class FirstUse:
     def why_not(self) -> str | None:
         """Why the kernel is None, once it has been asked for; None while it is available or not yet asked."""
         return self.reason
+
+
+def ask_for_amx(library: ctypes.CDLL) -> None:
+    """Ask Linux (5.16 and later) to let this process use AMX's tile registers, through the `amx_request` every AMX
+    library has (kernels/c/amx_tiles.c); refused, the kernel cannot run."""
+    library.amx_request.argtypes, library.amx_request.restype = [], ctypes.c_int
+    refusal = library.amx_request()
+    if refusal:
+        raise KernelUnavailable(f"Linux did not let this process use AMX's tiles: {os.strerror(refusal)}")
 
 
 class FirstOf:

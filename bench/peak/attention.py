@@ -2,8 +2,10 @@
 
 - float32 (kernels/c/attention.c, or attention_avx2.c on a CPU without AVX-512: the one that runs here) against
   torch's attention, one SDPA call per sequence (what model.attention runs without the kernel);
-- bfloat16 (kernels/c/attention_bf16.c, AVX512-BF16) against the float32 kernel between a copy of qkv to float32 and
-  one of its output back (what a bfloat16 network ran before it, and runs on a CPU without AVX512-BF16).
+- bfloat16 (kernels/c/attention_bf16_amx.c on a CPU with AMX, else attention_bf16.c, AVX512-BF16) against the
+  float32 kernel between a copy of qkv to float32 and one of its output back (what a bfloat16 network ran before it,
+  and runs on a CPU without AVX512-BF16), against torch's own bfloat16 SDPA, and, where the AMX kernel runs, against
+  the AVX512-BF16 loops.
 
     python -m bench.peak.attention                       # 12 heads of 32 (all-MiniLM-L6-v2), 1 and 2 threads
     python -m bench.peak.attention --dtype bfloat16
@@ -54,9 +56,13 @@ def main() -> None:
     # bfloat16: also torch's own bfloat16 SDPA, one call per sequence (what runs above the kernel's longest sequence
     # where the CPU has AMX: model.attention.torch_attention_dtype)
     own = " torch bfloat16 ms | C / torch bfloat16 |" if dtype == torch.bfloat16 else ""
+    # bfloat16 on AMX's tiles: also the AVX512-BF16 loops the tiles replace (kernels/c/attention_bf16.c)
+    loops = attention.bfloat16_loops_kernel() if dtype == torch.bfloat16 and \
+        attention.bfloat16_kernel().instruction_set == "AMX" else None
+    own += " AVX512-BF16 loops ms | C / loops |" if loops is not None else ""
     print(f"{heads} heads of {head_dim}, {args.dtype}\n\n| threads | tokens x sequences | C ms | GFLOP/s | {peer} ms | "
           f"C / {peer} | largest difference |{own}\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-          f"{' ---: | ---: |' if own else ''}")
+          f"{' ---: | ---: |' * own.count('/')}")
     for threads in args.threads:
         torch.set_num_threads(threads)
         for length in args.lengths:
@@ -81,6 +87,13 @@ def main() -> None:
                 torch_own = best_ms(lambda: int8_reference.sdpa_each(qkv, spans, heads, head_dim), args.repeats,
                                     warm_ups=1)
                 line += f" {torch_own:.2f} | {mine / torch_own:.2f} |"
+            if loops is not None:
+                starts = torch.tensor([start for start, _ in spans])
+                lengths = torch.full((count,), length)
+                out = qkv.new_empty(qkv.shape[0], heads * head_dim)
+                looped = best_ms(lambda: loops.attend(qkv, starts, lengths, length, heads, head_dim, out, threads),
+                                 args.repeats, warm_ups=1)
+                line += f" {looped:.2f} | {mine / looped:.2f} |"
             print(line, flush=True)
 
 

@@ -70,8 +70,9 @@ def per_window_ms(qa: Path, tokens: int = 310, repeats: int = 6) -> dict:
 
     torch.set_num_threads(1)
     checkpoint = load_checkpoint(qa)
-    engine = Engine(prepare_model(checkpoint.model, choose("float32", torch.device("cpu")), checkpoint.tokenizer),
-                    torch.device("cpu"), torch.float32)
+    cpu = torch.device("cpu")
+    engine = Engine(prepare_model(checkpoint.model, choose("float32", cpu), checkpoint.tokenizer, cpu), cpu,
+                    torch.float32)
     ids = [checkpoint.tokenizer.cls_id] + [2000 + i % 500 for i in range(tokens - 2)] + [checkpoint.tokenizer.sep_id]
     item = QaItem(ids, [0] * 10 + [1] * (tokens - 10))
     reference = transformers.BertForQuestionAnswering.from_pretrained(qa).eval()

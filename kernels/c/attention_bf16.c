@@ -47,6 +47,38 @@ static inline int32_t pair_at(const bf16 *where) {
     return pair;
 }
 
+/* A head's keys (rows `stride` apart) as vdpbf16ps and AMX's tiles take them: for each pair of dimensions p, each
+ * key j's (k[j][2p], k[j][2p + 1]) as one 32-bit word at key_words[p * padded + j]; zeros from `length` to `padded`
+ * (their scores are dropped, but must not be NaN). */
+static void lay_out_keys(const bf16 *keys, int64_t stride, int64_t length, int64_t padded, int64_t head_dim,
+                         int32_t *key_words) {
+    for (int64_t p = 0; p < head_dim / 2; p++) {
+        for (int64_t j = 0; j < length; j++) key_words[p * padded + j] = pair_at(keys + j * stride + 2 * p);
+        for (int64_t j = length; j < padded; j++) key_words[p * padded + j] = 0;
+    }
+}
+
+/* A head's values (rows `stride` apart) in pairs of rows: `pairs` rows of value_pairs, row m each dimension d's
+ * (v[2m][d], v[2m + 1][d]), 16 dimensions at a time; rows past `length` are zeros (an odd length's last row pairs
+ * with zeros, whose weights are 0 too). */
+static void lay_out_values(const bf16 *values, int64_t stride, int64_t length, int64_t pairs, int64_t head_dim,
+                           bf16 *value_pairs) {
+    uint16_t index[32];
+    for (int i = 0; i < 16; i++) index[2 * i] = (uint16_t)i, index[2 * i + 1] = (uint16_t)(16 + i);
+    const __m512i interleave_index = _mm512_loadu_si512(index);
+    for (int64_t m = 0; m < pairs; m++) {
+        const bf16 *even = values + 2 * m * stride, *odd = even + stride;
+        for (int64_t d = 0; d < head_dim; d += LANES) {
+            const __m256i low = 2 * m < length ? _mm256_loadu_si256((const __m256i *)(even + d))
+                                               : _mm256_setzero_si256();
+            const __m256i high = 2 * m + 1 < length ? _mm256_loadu_si256((const __m256i *)(odd + d))
+                                                    : _mm256_setzero_si256();
+            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+            _mm512_storeu_si512(value_pairs + (m * head_dim + d) * 2, _mm512_permutexvar_epi16(interleave_index, both));
+        }
+    }
+}
+
 /* Rows first .. first + block - 1 of one head of one sequence, inlined with a constant `block` (attend_rows in
  * attention_float32.c says why). keys_pairs: for each pair of dimensions p, each key j's (k[j][2p], k[j][2p + 1]), so
  * that 16 keys' scores are head_dim / 2 vdpbf16ps. value_pairs: for each pair of rows m, each dimension d's
@@ -118,29 +150,8 @@ static void attend_head_bf16(const void *qkv_rows, int64_t start, int64_t length
     bf16 *keys_pairs = (bf16 *)scratch, *value_pairs = keys_pairs + head_dim * padded;
     float *scores = (float *)(value_pairs + head_dim * padded);
     bf16 *weights = (bf16 *)(scores + QUERY_ROWS * padded);
-    /* Keys: a transpose of 32-bit pairs, zeros past the sequence (their scores are masked, but must not be NaN). */
-    int32_t *key_words = (int32_t *)keys_pairs;
-    for (int64_t p = 0; p < head_dim / 2; p++) {
-        for (int64_t j = 0; j < length; j++) key_words[p * padded + j] = pair_at(keys + j * stride + 2 * p);
-        for (int64_t j = length; j < padded; j++) key_words[p * padded + j] = 0;
-    }
-    /* Values: rows 2m and 2m + 1 interleaved, 16 dimensions at a time; an odd length's last row pairs with zeros. */
-    __m512i interleave_index;
-    {
-        uint16_t index[32];
-        for (int i = 0; i < 16; i++) index[2 * i] = (uint16_t)i, index[2 * i + 1] = (uint16_t)(16 + i);
-        interleave_index = _mm512_loadu_si512(index);
-    }
-    for (int64_t m = 0; m < (length + 1) / 2; m++) {
-        const bf16 *even = values + 2 * m * stride, *odd = values + (2 * m + 1) * stride;
-        for (int64_t d = 0; d < head_dim; d += LANES) {
-            const __m256i low = _mm256_loadu_si256((const __m256i *)(even + d));
-            const __m256i high = 2 * m + 1 < length ? _mm256_loadu_si256((const __m256i *)(odd + d))
-                                                    : _mm256_setzero_si256();
-            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
-            _mm512_storeu_si512(value_pairs + (m * head_dim + d) * 2, _mm512_permutexvar_epi16(interleave_index, both));
-        }
-    }
+    lay_out_keys(keys, stride, length, padded, head_dim, (int32_t *)keys_pairs);
+    lay_out_values(values, stride, length, (length + 1) / 2, head_dim, value_pairs);
     bf16 *out_base = out + start * hidden;
     int64_t first = 0;
 #define ROWS(block) attend_rows_bf16(base, keys_pairs, value_pairs, scores, weights, out_base, first, block, length, \

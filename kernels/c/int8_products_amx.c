@@ -14,17 +14,12 @@
  * and, in turn, the four tiles of weights (two tile registers, alternating, so that a load need not wait for the
  * product reading the other). Signed bytes by signed bytes, so no correction. The rows left over (fewer than 16) and
  * a k that is not a multiple of 64 go to the VNNI loops, included below.
- *
- * AMX's registers must be asked of Linux once per process (arch_prctl, Linux 5.16+: `amx_request`, called by the
- * loader before anything else here), and each thread loads the tile shapes before its first tile instruction.
+ * Linux's permission and the tile shapes: amx_tiles.c.
  */
-#include <errno.h>
 #include <stdint.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
+#include "amx_tiles.c"
+
 #define TILE_ROWS 16
 #define TILE_INPUTS 64 /* bytes a tile row holds: 64 inputs of the rows, or 16 columns x 4 inputs of the weights */
 
@@ -36,30 +31,8 @@ static void amx_rows_times_blocks(const int8_t *a, int64_t first_row, int64_t la
                                   int64_t first_block, int64_t last_block);
 #include "int8_products.c"
 
-/* 0 once this process may use AMX's tile registers, else the errno of Linux's refusal. */
-int amx_request(void) {
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : errno;
-}
-
-typedef struct {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-} __attribute__((packed, aligned(64))) tile_shapes;
-
 /* Every tile in use 16 rows of 64 bytes: 0-3 the int32 sums of 16 columns each, 4 the rows, 5 and 6 the weights. */
-static void load_tile_shapes(void) {
-    tile_shapes shapes;
-    memset(&shapes, 0, sizeof shapes);
-    shapes.palette = 1;
-    for (int t = 0; t < 7; t++) {
-        shapes.rows[t] = TILE_ROWS;
-        shapes.bytes_per_row[t] = TILE_INPUTS;
-    }
-    _tile_loadconfig(&shapes);
-}
+static void load_tile_shapes(void) { load_square_tiles(7); }
 
 /* Rows row .. row + 15 of c (ldc apart) = those rows of a (k bytes each, k a multiple of 64) times one 64-column
  * block; `columns` of them are stored (the block's columns past n are zero weights). */

@@ -77,7 +77,8 @@ def build_engine(checkpoint: Checkpoint, device: torch.device, precision: Precis
     """The engine for `checkpoint` on `device` in `precision` as it applies to this model (`for_model`; int8
     quantizes, after calibration)."""
     precision = for_model(precision, checkpoint.late_interaction is not None)
-    return engine_factory(prepare_model(checkpoint.model, precision, checkpoint.tokenizer), device, precision.dtype)
+    return engine_factory(prepare_model(checkpoint.model, precision, checkpoint.tokenizer, device), device,
+                          precision.dtype)
 
 
 def plan_compute(concurrent_batches: int, device: torch.device) -> int:

@@ -20,7 +20,9 @@
   easier to round (BENCHMARKS.md, "Reranking": mean cosine to float32's 0.9964 with 8 bits there, 0.9992 with 12).
 
 On a CPU, at every precision, attention for short sequences runs in `kernels.attention`'s C kernel where the CPU
-has AVX-512 (a bfloat16 model's in bfloat16 where it has AVX512-BF16): `prepare_model` installs it into the model.
+has AVX-512 (a bfloat16 model's in bfloat16 where it has AVX512-BF16, on AMX's tiles where it has AMX):
+`prepare_model` installs it into the model. A bfloat16 model's encoder Linear layers run on AMX's tiles where the CPU
+has them (`kernels.bf16_linear`, `on_tiles`).
 """
 
 from __future__ import annotations
@@ -101,12 +103,15 @@ def for_model(precision: Precision, late_interaction: bool) -> Precision:
     return _int8(LATE_INTERACTION_FEED_FORWARD_OUTPUT_BITS)
 
 
-def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: WordPieceTokenizer) -> BertForPreTraining:
-    """The model as it will be served: with the CPU attention kernel installed, and quantized for int8 (after
-    calibration), else with each attention layer's query, key and value computed by one matrix product."""
+def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: WordPieceTokenizer,
+                  device: torch.device) -> BertForPreTraining:
+    """The model as it will be served on `device`: with the CPU attention kernel installed, and quantized for int8
+    (after calibration), else with each attention layer's query, key and value computed by one matrix product, and,
+    in bfloat16 on a CPU, the encoder's Linear layers on AMX's tiles where it has them (`on_tiles`)."""
     kernels.install()
     if not precision.is_int8:
-        return fuse_attention_projections(model)
+        model = fuse_attention_projections(model)
+        return on_tiles(model) if precision.dtype == torch.bfloat16 and device.type == "cpu" else model
     from kernels.quantize import calibrate, quantize
 
     sentences = [line for line in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -117,3 +122,22 @@ def prepare_model(model: BertForPreTraining, precision: Precision, tokenizer: Wo
     return quantize(model, INT8_SCHEME, stats, alpha=INT8_ALPHA,
                     feed_forward_output_bits=precision.feed_forward_output_bits,
                     feed_forward_output_alpha=LATE_INTERACTION_FEED_FORWARD_OUTPUT_ALPHA if twelve_bits else None)
+
+
+def on_tiles(model: BertForPreTraining) -> BertForPreTraining:
+    """A bfloat16 CPU model's encoder on AMX's tiles, where the CPU has AMX-BF16 and the kernels build: each Linear
+    (kernels.bf16_linear: torch's bfloat16 Linear lays its weights out again at every call, 3-4x the time at a
+    query's rows), and each layer in one C call up to a bulk batch's rows (kernels.bf16_layer: the Python between
+    the products then cost more than they did); unchanged elsewhere."""
+    from kernels import bf16_layer, bf16_linear  # here, not at the top: only a bfloat16 model on a CPU builds them
+
+    if bf16_linear.install_into(model) == 0:
+        if bf16_linear.why_not():
+            log.info("bfloat16 Linear layers: torch's (%s)", bf16_linear.why_not())
+    elif bf16_layer.install_into(model) == 0:
+        if bf16_layer.why_not():
+            log.info("bfloat16 layers: one module call per part (%s)", bf16_layer.why_not())
+    else:
+        log.info("bfloat16 layers: one C call each on AMX's tiles, up to %d rows a batch (torch's products above)",
+                 bf16_linear.MOST_ROWS)
+    return model

@@ -28,7 +28,7 @@ from model.checkpoint import Checkpoint
 from model.device import cpu_has_native_bf16
 from model.fuse import fuse_attention_projections
 from service.engine.engine import Engine
-from service.engine.precision import CALIBRATION_TEXT, Precision
+from service.engine.precision import CALIBRATION_TEXT, Precision, on_tiles
 from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, NspItem, QaItem, TokenClassifyItem
 
 log = logging.getLogger("service")
@@ -80,7 +80,9 @@ def bfloat16_fidelity(checkpoint: Checkpoint) -> Fidelity:
     pairs = [(e.ids, e.type_ids) for e in tokenizer.encode_batch(list(zip(sentences, sentences[1:])), truncate=True)]
     model = fuse_attention_projections(checkpoint.model.float().eval())
     cpu = torch.device("cpu")
+    # the bfloat16 copy as it would be served: its Linear layers on AMX's tiles where the CPU has them
     reference, candidate = Engine(model, cpu, torch.float32), Engine(copy.deepcopy(model), cpu, torch.bfloat16)
+    on_tiles(candidate.model)
     probes = _probes(reference, singles, pairs, tokenizer.mask_id)
     exact, rounded = (_answers(engine, probes) for engine in (reference, candidate))
     cosines = [float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12))

@@ -1,6 +1,6 @@
-"""The bfloat16 attention kernel (kernels/c/attention_bf16.c): as close to float32 SDPA on the same bfloat16 inputs as
-torch's own bfloat16 SDPA, the same bits on any number of threads, and what a bfloat16 network's CPU attention runs
-where the CPU has AVX512-BF16 (no copy to float32 and back)."""
+"""The bfloat16 attention kernels (kernels/c/attention_bf16.c, and attention_bf16_amx.c on AMX's tiles): each as close
+to float32 SDPA on the same bfloat16 inputs as torch's own bfloat16 SDPA, the same bits on any number of threads, and
+what a bfloat16 network's CPU attention runs where the CPU has AVX512-BF16 (no copy to float32 and back)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ from model.packing import Packing
 BFLOAT16 = attention.bfloat16_kernel()
 needs_bfloat16 = pytest.mark.skipif(BFLOAT16 is None,
                                     reason=f"no bfloat16 attention kernel here: {attention.bfloat16_kernel.why_not()}")
+# Every bfloat16 kernel this CPU runs: one with AMX runs the AVX512-BF16 loops too, so each is tested there
+EACH_KERNEL = pytest.mark.parametrize("kernel", [
+    pytest.param(loaded, id=loaded.instruction_set)
+    for loaded in (attention.bfloat16_amx_kernel(), attention.bfloat16_loops_kernel()) if loaded is not None])
 
 
 def packed_bfloat16(lengths: list[int], heads: int, head_dim: int, seed: int = 0) -> tuple[torch.Tensor, Packing]:
@@ -22,9 +26,10 @@ def packed_bfloat16(lengths: list[int], heads: int, head_dim: int, seed: int = 0
     return qkv.bfloat16(), Packing.from_lengths(lengths)
 
 
-def attend(qkv: torch.Tensor, packing: Packing, heads: int, head_dim: int, threads: int = 2) -> torch.Tensor:
+def attend(qkv: torch.Tensor, packing: Packing, heads: int, head_dim: int, threads: int = 2, kernel=None
+           ) -> torch.Tensor:
     out = torch.full((qkv.shape[0], heads * head_dim), float("nan"), dtype=torch.bfloat16)
-    BFLOAT16.attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, out, threads)
+    (kernel or BFLOAT16).attend(qkv, packing.starts, packing.lengths, packing.max_length, heads, head_dim, out, threads)
     return out
 
 
@@ -33,11 +38,16 @@ def attend(qkv: torch.Tensor, packing: Packing, heads: int, head_dim: int, threa
     (12, 32, [34]), (4, 16, [1]), (4, 16, [1, 2, 15, 16, 17, 33]), (2, 64, [96, 5]),
     # blocks of 8 query rows, then 4, 2 and 1 (7, 23); odd lengths (the last pair of values is half zeros)
     (4, 16, [7, 23, 8, 9]), (2, 64, [150, 301]), (12, 32, [130, 255, 256]), (12, 32, [attention.MAX_LENGTH]),
+    # AMX: tiles from 16 tokens (15 to the loops), blocks of 16 query rows with a partial last one, keys padded to
+    # 32; heads of 128 take two passes of 64 dimensions; heads of 16 (not a multiple of 32) the loops
+    (12, 32, [15, 16, 17, 31, 32, 33, 47, 79]), (2, 128, [40, 16, 200]), (4, 64, [64, 65, 500]),
 ])
-def test_bfloat16_kernel_is_as_close_to_float32_attention_as_torchs_bfloat16_attention(heads, head_dim, lengths):
+@EACH_KERNEL
+def test_bfloat16_kernel_is_as_close_to_float32_attention_as_torchs_bfloat16_attention(kernel, heads, head_dim,
+                                                                                        lengths):
     qkv, packing = packed_bfloat16(lengths, heads, head_dim)
     exact = int8_reference.sdpa_each(qkv.float(), packing.spans, heads, head_dim)
-    got = attend(qkv, packing, heads, head_dim).float()
+    got = attend(qkv, packing, heads, head_dim, kernel=kernel).float()
     torchs = int8_reference.sdpa_each(qkv, packing.spans, heads, head_dim).float()
     assert torch.isfinite(got).all()
     error, torchs_error = (got - exact).abs(), (torchs - exact).abs()
@@ -48,25 +58,28 @@ def test_bfloat16_kernel_is_as_close_to_float32_attention_as_torchs_bfloat16_att
     assert bool((error <= 2 ** -8 * exact.abs() + 2 ** -9 * largest_value).all())
 
 
-@needs_bfloat16
-def test_a_wrong_weight_would_show():
+@EACH_KERNEL
+@pytest.mark.parametrize("head_dim", [16, 32])
+def test_a_wrong_weight_would_show(kernel, head_dim):
     """The check above can fail: attention with one sequence's keys shifted by a row is far off."""
-    heads, head_dim = 4, 16
+    heads = 4
     qkv, packing = packed_bfloat16([40, 40], heads, head_dim, seed=4)
     shifted = qkv.clone()
     shifted[1:40, heads * head_dim:2 * heads * head_dim] = qkv[0:39, heads * head_dim:2 * heads * head_dim]
     exact = int8_reference.sdpa_each(qkv.float(), packing.spans, heads, head_dim)
-    wrong = attend(shifted, packing, heads, head_dim).float()
+    wrong = attend(shifted, packing, heads, head_dim, kernel=kernel).float()
     torchs = int8_reference.sdpa_each(qkv, packing.spans, heads, head_dim).float()
     assert float((wrong - exact).abs().mean()) > 5 * float((torchs - exact).abs().mean())
 
 
-@needs_bfloat16
+@EACH_KERNEL
 @pytest.mark.parametrize("threads", [2, 5])
-def test_bfloat16_kernel_on_several_threads_equals_one_thread(threads):
-    heads, head_dim = 4, 16
-    qkv, packing = packed_bfloat16([30, 1, 17], heads, head_dim, seed=5)
-    assert torch.equal(attend(qkv, packing, heads, head_dim, threads), attend(qkv, packing, heads, head_dim, 1))
+@pytest.mark.parametrize("head_dim", [16, 32])
+def test_bfloat16_kernel_on_several_threads_equals_one_thread(kernel, threads, head_dim):
+    heads = 4
+    qkv, packing = packed_bfloat16([30, 1, 17, 70], heads, head_dim, seed=5)
+    assert torch.equal(attend(qkv, packing, heads, head_dim, threads, kernel),
+                       attend(qkv, packing, heads, head_dim, 1, kernel))
 
 
 @needs_bfloat16

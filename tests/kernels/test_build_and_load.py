@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import attention, build, cpu_features, int8_layer, int8_products, loading
+from kernels import attention, bf16_layer, bf16_linear, build, cpu_features, int8_layer, int8_products, loading
 
 
 @pytest.mark.skipif(int8_products.kernel() is None, reason="no products kernel here")
@@ -122,13 +122,15 @@ def test_a_fault_in_a_check_leaves_the_torch_path_serving_and_says_so(monkeypatc
 def test_a_kernel_is_missing_only_where_it_cannot_run():
     """The kernels' tests skip where a kernel is missing; a kernel that fails its own check at first use must fail
     here instead of passing as "cannot run on this machine"."""
-    for module in (int8_products, attention, int8_layer):
-        for choice in module.kernel.choices:  # each instruction set's kernel, where the first that runs is used
-            choice()
-            reason = choice.why_not()
-            assert reason is None or reason.startswith(("this CPU lacks", "no C compiler", "the C kernels are for",
-                                                        "cannot read the CPU's flags", "the int8 layer needs",
-                                                        "Linux did not let this process use AMX")), reason
+    first_uses = [bf16_linear.kernel, bf16_layer.kernel]
+    for chosen in (int8_products.kernel, attention.kernel, attention.bfloat16_kernel, int8_layer.kernel):
+        first_uses += chosen.choices  # each instruction set's kernel, where the first that runs is used
+    for choice in first_uses:
+        choice()
+        reason = choice.why_not()
+        assert reason is None or reason.startswith(("this CPU lacks", "no C compiler", "the C kernels are for",
+                                                    "cannot read the CPU's flags", "the int8 layer needs",
+                                                    "Linux did not let this process use AMX")), reason
 
 
 def test_first_use_from_several_threads_builds_once_and_gives_all_the_kernel(monkeypatch):
@@ -149,7 +151,8 @@ def test_first_use_from_several_threads_builds_once_and_gives_all_the_kernel(mon
     assert loads == ["some.c"] and inner == [None] and got == [("wrapped", "library")] * 4
 
 
-@pytest.mark.parametrize("module", [int8_products, attention, int8_layer], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [int8_products, attention, int8_layer, bf16_linear, bf16_layer],
+                         ids=lambda m: m.__name__)
 def test_a_first_use_check_leaves_the_global_seed_and_the_thread_count_alone(module, monkeypatch):
     """Each check runs again here, as at a first use: torch's global generator and thread count come out as they
     went in (the int8 layer's check runs the layer on one thread and on three)."""

@@ -188,14 +188,20 @@ def test_attend_on_cpu_mixes_the_kernel_for_short_sequences_with_torch_for_long_
 @needs_attention
 @pytest.mark.skipif(attention.bfloat16_kernel() is None, reason=f"no bfloat16 attention kernel here: "
                                                                 f"{attention.bfloat16_kernel.why_not()}")
-@pytest.mark.parametrize("amx", [True, False])
-def test_a_bfloat16_network_sends_only_sequences_past_the_kernels_longest_to_torch(monkeypatch, amx):
-    """Where the CPU has AMX, torch's bfloat16 attention overtakes the kernel past about 150 tokens of heads of 32
-    and serves longer sequences in bfloat16 itself; elsewhere the kernel takes every length up to 512."""
+@pytest.mark.parametrize("amx, tiled", [(True, True), (True, False), (False, False)])
+def test_a_bfloat16_network_sends_only_sequences_past_the_kernels_longest_to_torch(monkeypatch, amx, tiled):
+    """Where the CPU has AMX, torch's bfloat16 attention overtakes the AVX512-BF16 loops past about 150 tokens of
+    heads of 32 and serves longer sequences in bfloat16 itself, unless the bfloat16 kernel runs on AMX's tiles too;
+    elsewhere the kernel takes every length up to 512."""
+    if tiled and attention.bfloat16_amx_kernel() is None:
+        pytest.skip(f"no AMX bfloat16 attention here: {attention.bfloat16_amx_kernel.why_not()}")
+    if not tiled:
+        loops = attention.bfloat16_loops_kernel()
+        monkeypatch.setattr(attention, "bfloat16_kernel", lambda: loops)
     monkeypatch.setattr(model_attention, "cpu_has_amx_bf16", lambda: amx)
     heads, head_dim = 4, 32
     limit = ATTENTION.longest(torch.bfloat16, head_dim)
-    assert limit == (attention.AMX_BFLOAT16_TOKENS_BY_WIDTH // head_dim if amx else attention.MAX_LENGTH)
+    assert limit == (attention.AMX_BFLOAT16_TOKENS_BY_WIDTH // head_dim if amx and not tiled else attention.MAX_LENGTH)
     assert ATTENTION.longest(torch.float32, head_dim) == attention.MAX_LENGTH  # float32's kernel is not affected
     lengths = [limit + 20, 7, limit, 50]
     qkv, packing = packed_qkv(lengths, heads, head_dim, seed=4)
