@@ -60,8 +60,9 @@ class Settings(BaseSettings):
         "bigger batches are slower per sequence on a CPU (their activations leave the caches); below it each "
         "batch's fixed cost is shared by too few. auto = sized from the model's width: the largest power of two "
         "whose feed-forward activation fits 6 MiB (1024 for all-MiniLM-L6-v2, 512 for BERT-base, more for "
-        "smaller models); measure = timed at start-up (a few seconds more); or a number of tokens (at least 16). "
-        "Ignored on GPU."))
+        "smaller models), and at most 1024 where a bfloat16 model's layers run as one C call each on AMX's "
+        "tiles (that call takes up to 1024 rows); measure = timed at start-up (a few seconds more); or a "
+        "number of tokens (at least 16). Ignored on GPU."))
     cpu_keep_freed_memory: bool = Field(True, description=(
         "On CPU under Linux (glibc), keep memory freed by finished tensors for the next ones instead of returning "
         "it to the kernel, which otherwise costs page faults on nearly every op's output (measured with "

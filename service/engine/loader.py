@@ -27,7 +27,7 @@ from service.engine.engine import Engine
 from service.engine.graph_check import check_graph
 from service.engine.graphs import EncoderGraphs
 from service.engine.options import EngineOptions
-from service.engine.precision import Precision, PrecisionError, choose, for_model, prepare_model
+from service.engine.precision import Precision, PrecisionError, choose, for_model, prepare_model, rows_on_tiles
 from service.engine.precision_probe import choose_auto_on_cpu
 from service.messages import ModelFacts
 from service.metrics import ModelMetrics
@@ -101,6 +101,14 @@ def batch_tokens_on_cpu(options: EngineOptions, engine: Engine, tokenizer, preci
     # int8 layers hand float32 activations on; only bfloat16/float16 halve them
     element_bytes = torch.empty((), dtype=precision.dtype).element_size()
     chosen = batch_tokens_for_width(engine.model.config.intermediate_size, element_bytes, options.max_batch_tokens)
+    tiled = rows_on_tiles(engine.model)
+    if tiled is not None and tiled < chosen and tiled >= tokenizer.model_max_length:
+        # bfloat16 layers in one C call on AMX's tiles take batches of up to `tiled` rows; a larger batch runs the
+        # modules, slower (all-MiniLM-L6-v2 in-process on 2 cores: 1,587 sentences/s at batches of 16 against 1,377
+        # at 64 in one runner; BENCHMARKS.md, "On a CPU with AMX")
+        log.info("batch size on this CPU: %d tokens per batch (bfloat16 layers on AMX's tiles, one C call each up to "
+                 "that many rows)", tiled)
+        return tiled
     log.info("batch size on this CPU: %d tokens per batch (feed-forward %d wide, %d-byte activations)", chosen,
              engine.model.config.intermediate_size, element_bytes)
     return chosen

@@ -141,3 +141,13 @@ def on_tiles(model: BertForPreTraining) -> BertForPreTraining:
         log.info("bfloat16 layers: one C call each on AMX's tiles, up to %d rows a batch (torch's products above)",
                  bf16_linear.MOST_ROWS)
     return model
+
+
+def rows_on_tiles(model: BertForPreTraining) -> int | None:
+    """The most rows a batch of `model` may have to run each encoder layer as one C call on AMX's tiles
+    (kernels.bf16_layer; `on_tiles` put them there), None where its layers do not run so."""
+    from kernels import bf16_layer, bf16_linear
+
+    if any(isinstance(layer, bf16_layer.BFloat16FusedLayer) for layer in model.bert.encoder.layer):
+        return bf16_linear.MOST_ROWS
+    return None

@@ -124,3 +124,18 @@ def test_a_bfloat16_model_served_on_a_cpu_runs_each_layer_in_one_call(tokenizer)
     assert all(isinstance(layer, bf16_layer.BFloat16FusedLayer) for layer in layers)
     served_as_before = fuse_attention_projections(random_model(tokenizer.vocab_size))
     assert model.state_dict().keys() == served_as_before.state_dict().keys()  # the same parameters, the same names
+
+
+@needs_fused
+def test_a_bfloat16_model_on_the_tiles_gets_batches_the_one_call_takes(tokenizer):
+    """cpu_batch_tokens auto: a batch of more than bf16_linear.MOST_ROWS rows would run the modules, slower."""
+    from service.engine.engine import Engine
+    from service.engine.loader import batch_tokens_on_cpu
+    from service.engine.options import EngineOptions
+
+    cpu, options = torch.device("cpu"), EngineOptions(checkpoint="unused")
+    for dtype, expected in ((torch.bfloat16, bf16_linear.MOST_ROWS), (torch.float32, 8192)):
+        precision = Precision(str(dtype).removeprefix("torch."), dtype)
+        engine = Engine(prepare_model(random_model(tokenizer.vocab_size), precision, tokenizer, cpu), cpu, dtype)
+        # a 128-wide feed-forward alone would give 6 MiB / (128 x 2 or 4 bytes), capped at max_batch_tokens
+        assert batch_tokens_on_cpu(options, engine, tokenizer, precision) == expected
