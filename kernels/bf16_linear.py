@@ -25,8 +25,8 @@ from kernels.loading import FirstUse, KernelUnavailable, ask_for_amx
 SOURCE_NAME = "bf16_products_amx.c"
 INPUTS_MULTIPLE = 32  # a tile row's bfloat16 inputs: a layer's input width must be a multiple of it
 # Above this many rows torch's Linear takes the product: level with the tiles from about 1,024 rows, faster at 4,096
-# (all-MiniLM-L6-v2's four products, one core, tiles / torch: 0.20-0.35 at 21 rows, 0.75-0.79 at 256, 0.85-0.91 at
-# 1,024, 0.87-1.14 at 4,096; two cores 0.64-0.78 at 1,024, 1.01-1.14 at 4,096; a Sapphire Rapids-class Xeon)
+# (all-MiniLM-L6-v2's four products, tiles / torch at 21 / 256 / 1,024 / 4,096 rows: one core 0.46 / 0.92 / 0.99 /
+# 1.12, two 0.31 / 0.60 / 0.97 / 1.14; a Sapphire Rapids-class Xeon, `python -m bench.peak.bf16_products`)
 MOST_ROWS = 1024
 
 

@@ -104,8 +104,8 @@ def batch_tokens_on_cpu(options: EngineOptions, engine: Engine, tokenizer, preci
     tiled = rows_on_tiles(engine.model)
     if tiled is not None and tiled < chosen and tiled >= tokenizer.model_max_length:
         # bfloat16 layers in one C call on AMX's tiles take batches of up to `tiled` rows; a larger batch runs the
-        # modules, slower (all-MiniLM-L6-v2 in-process on 2 cores: 1,587 sentences/s at batches of 16 against 1,377
-        # at 64 in one runner; BENCHMARKS.md, "On a CPU with AMX")
+        # modules, slower (all-MiniLM-L6-v2 in-process, 2 cores, two runners: 1,399 sentences/s at batches of 16
+        # sentences, about 500 tokens, against 1,140 at 64; `make bench-report`'s in-process sweep)
         log.info("batch size on this CPU: %d tokens per batch (bfloat16 layers on AMX's tiles, one C call each up to "
                  "that many rows)", tiled)
         return tiled
