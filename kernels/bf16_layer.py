@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from kernels import bf16_linear
-from kernels.loading import FirstUse, KernelUnavailable
+from kernels.loading import FirstUse, KernelUnavailable, ask_for_amx
 from model.bert import BertLayer
 from model.config import BertConfig
 from model.fuse import fuse_attention_projections
@@ -52,19 +52,20 @@ def denses(layer: BertLayer) -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear
 
 
 def fusable(layer: BertLayer, config: BertConfig) -> bool:
-    """Whether the C layer computes `layer`: fused query | key | value, Linears (with biases) whose inputs the tiles
-    take, exact GELU."""
+    """Whether the C layer computes `layer`: fused query | key | value, its products on the tiles already
+    (`bf16_linear.TiledLinear`, with biases: the C layer reads their laid-out weights), exact GELU."""
     return config.hidden_act == "gelu" and all(
-        isinstance(dense, nn.Linear) and dense.bias is not None and bf16_linear.Kernel.fits(dense.in_features)
-        for dense in denses(layer))
+        isinstance(dense, bf16_linear.TiledLinear) and dense.bias is not None for dense in denses(layer))
 
 
 class LayerWeights:
-    """What the C layer reads, derived from the layer's parameters (bfloat16 weights in the tiles' layout, float32
-    biases and LayerNorm parameters), with the identity of the parameters it came from."""
+    """What the C layer reads, from the layer's parameters (its TiledLinears' laid-out weights and float32 biases, one
+    copy shared with their own calls; float32 LayerNorm parameters), and whether the parameters it came from are as
+    they were (`current`: asked at every call, so it checks the parameters it holds rather than walk the modules)."""
 
-    def __init__(self, layer: BertLayer, kernel: Kernel):
-        self.identity = parameters_identity(layer)
+    def __init__(self, layer: BertLayer):
+        self._parameters = list(layer.parameters())  # a cast or a load changes these tensors' data, not the objects
+        self._identity = self._identity_now()
         self._keep = []  # the tensors the struct points into
 
         def floats(tensor: torch.Tensor) -> int:
@@ -72,10 +73,10 @@ class LayerWeights:
             self._keep.append(kept)
             return kept.data_ptr()
 
-        def dense(linear: nn.Linear) -> _Dense:
-            blocked = kernel.block(linear.weight)
-            self._keep.append(blocked)
-            return _Dense(blocked.data_ptr(), floats(linear.bias), linear.in_features, linear.out_features)
+        def dense(linear: bf16_linear.TiledLinear) -> _Dense:
+            blocked, bias = linear.laid_out()
+            self._keep += (blocked, bias)
+            return _Dense(blocked.data_ptr(), bias.data_ptr(), linear.in_features, linear.out_features)
 
         first, second = layer.attention.output.LayerNorm, layer.output.LayerNorm
         attention = layer.attention.self
@@ -84,18 +85,20 @@ class LayerWeights:
                              floats(second.weight), floats(second.bias), first.eps, second.eps, attention.num_heads,
                              attention.head_dim)
 
+    def _identity_now(self) -> tuple:
+        """Where each parameter lives and how often it was written: another when any of them changes."""
+        return tuple((p.data_ptr(), p._version, p.dtype) for p in self._parameters)
 
-def parameters_identity(module: nn.Module) -> tuple:
-    """Where each parameter of `module` lives and how often it was written: another when any of them changes."""
-    return tuple((p.data_ptr(), p._version, p.dtype) for p in module.parameters())
+    def current(self) -> bool:
+        return self._identity_now() == self._identity
 
 
-class Kernel(bf16_linear.Kernel):
-    """The loaded library: the products kernel's calls (bf16_products_amx.c, built in; its weights' layout) and the
-    layer's."""
+class Kernel:
+    """The loaded library. It reads the weights in bf16_products_amx.c's layout, which it is built over: the layout
+    `bf16_linear.TiledLinear.laid_out` writes."""
 
     def __init__(self, library: ctypes.CDLL):
-        super().__init__(library)  # asks Linux for the tiles
+        ask_for_amx(library)
         pointer, size = ctypes.c_void_p, ctypes.c_int64
         self._workspace = library.bf16_layer_workspace
         self._workspace.argtypes, self._workspace.restype = [pointer, size, size, size], size
@@ -145,15 +148,15 @@ class BFloat16FusedLayer(BertLayer):
                 x.dtype == torch.bfloat16 and x.device.type == "cpu" and \
                 x.shape[0] <= bf16_linear.MOST_ROWS and not (torch.is_grad_enabled() and x.requires_grad) and \
                 not (torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())):
-            if self._weights is None or self._weights.identity != parameters_identity(self):
-                self._weights = LayerWeights(self, self._fused)
+            if self._weights is None or not self._weights.current():
+                self._weights = LayerWeights(self)
             return self._fused.run(self._weights, x, attn_mask)
         return super().forward(x, attn_mask, keep)
 
 
 def random_layer(config: BertConfig, generator: torch.Generator) -> BertLayer:
     """A bfloat16 BertLayer of `config` with random parameters drawn from `generator` (the global RNG untouched), its
-    query, key and value fused."""
+    query, key and value fused, its Linears on the tiles (as `install_into` finds a served layer)."""
     with torch.device("meta"):
         layer = BertLayer(config)
     layer = layer.to_empty(device="cpu").eval()
@@ -167,15 +170,18 @@ def random_layer(config: BertConfig, generator: torch.Generator) -> BertLayer:
     holder.layer = layer
     with torch.random.fork_rng(devices=[]):  # the fused Linear's own initialisation draws (then overwritten)
         fuse_attention_projections(holder)
+    tiles = bf16_linear.kernel()
+    if tiles is None:
+        raise KernelUnavailable(f"the bfloat16 layer needs the bfloat16 tile products: {bf16_linear.why_not()}")
+    bf16_linear.tile_linears(layer, tiles)
     return layer.bfloat16()
 
 
 def _check(candidate: Kernel) -> None:
-    """The C layer against the layer's own modules (their products on the tiles where `bf16_linear` runs, else
-    torch's), on a small random layer (2 heads of 32; five sequences of 1-130 tokens and four spare rows), on one
-    thread and on three:
-    within a few bfloat16 steps of the outputs (a wrong wiring is off by the outputs' own size), and the same bits on
-    both thread counts."""
+    """The C layer against the layer's own modules (their products on the tiles, as served), on a small random layer
+    (2 heads of 32; five sequences of 1-130 tokens and four spare rows), on one thread and on three: within a few
+    bfloat16 steps of the outputs (a wrong wiring is off by the outputs' own size), and the same bits on both thread
+    counts."""
     generator = torch.Generator().manual_seed(0)
     config = BertConfig(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=128, max_position_embeddings=160)
@@ -184,7 +190,7 @@ def _check(candidate: Kernel) -> None:
     layer = random_layer(config, generator)
     with torch.no_grad():
         expected = layer(x, packing).float()
-        weights = LayerWeights(layer, candidate)
+        weights = LayerWeights(layer)
         one, three = (candidate.run(weights, x, packing, threads) for threads in (1, 3))
     if not torch.equal(one, three):
         raise KernelUnavailable("the bfloat16 layer's bits depend on its thread count")

@@ -117,20 +117,36 @@ class TiledLinear(nn.Linear):
         super().__setstate__(state)
         self._tiles, self._laid_out = kernel(), None
 
+    def laid_out(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights in the tiles' layout and the bias in float32 (zeros for none), laid out again whenever a
+        parameter changed (a cast, a load): what `forward` and kernels.bf16_layer's one-call layer read."""
+        identity = (self.weight.data_ptr(), self.weight._version,
+                    None if self.bias is None else (self.bias.data_ptr(), self.bias._version))
+        if self._laid_out is None or self._laid_out[0] != identity:
+            bias = torch.zeros(self.out_features) if self.bias is None else self.bias.detach().float()
+            self._laid_out = (identity, self._tiles.block(self.weight), bias)
+        return self._laid_out[1], self._laid_out[2]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._tiles is None or x.device.type != "cpu" or x.dtype != torch.bfloat16 or \
                 self.weight.dtype != torch.bfloat16 or \
                 x.numel() > MOST_ROWS * self.in_features or \
                 (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
             return super().forward(x)
-        identity = (self.weight.data_ptr(), self.weight._version,
-                    None if self.bias is None else (self.bias.data_ptr(), self.bias._version))
-        if self._laid_out is None or self._laid_out[0] != identity:
-            bias = torch.zeros(self.out_features) if self.bias is None else self.bias.detach().float()
-            self._laid_out = (identity, self._tiles.block(self.weight), bias)
-        _, blocked, bias = self._laid_out
+        blocked, bias = self.laid_out()
         out = self._tiles.linear(x.reshape(-1, self.in_features), blocked, bias, self.out_features)
         return out.view(*x.shape[:-1], self.out_features)
+
+
+def tile_linears(module: nn.Module, tiles: Kernel) -> int:
+    """Make every Linear inside `module` whose inputs the tiles take a `TiledLinear`; returns how many."""
+    swapped = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and tiles.fits(child.in_features):
+                setattr(parent, name, TiledLinear(child, tiles))
+                swapped += 1
+    return swapped
 
 
 def install_into(model: nn.Module) -> int:
@@ -139,11 +155,4 @@ def install_into(model: nn.Module) -> int:
     tiles = kernel()
     if tiles is None:
         return 0
-    swapped = 0
-    for layer in model.bert.encoder.layer:
-        for parent in list(layer.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear and tiles.fits(child.in_features):
-                    setattr(parent, name, TiledLinear(child, tiles))
-                    swapped += 1
-    return swapped
+    return sum(tile_linears(layer, tiles) for layer in model.bert.encoder.layer)

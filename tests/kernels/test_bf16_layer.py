@@ -34,7 +34,7 @@ def layer_and_rows(lengths: list[int], heads: int = 4, head_dim: int = 32, spare
 def modules_and_fused(layer, packing, x, threads=None):
     with torch.no_grad():
         expected = layer(x, packing)
-        got = FUSED.run(bf16_layer.LayerWeights(layer, FUSED), x, packing, threads)
+        got = FUSED.run(bf16_layer.LayerWeights(layer), x, packing, threads)
     return expected, got
 
 
@@ -72,7 +72,7 @@ def test_a_wrong_wiring_would_show():
 def test_a_sequence_gets_the_same_bits_alone_in_a_batch_and_on_any_thread_count(threads):
     lengths = [30, 1, 70, 17]
     layer, packing, x, _ = layer_and_rows(lengths, spare_rows=2)
-    weights = bf16_layer.LayerWeights(layer, FUSED)
+    weights = bf16_layer.LayerWeights(layer)
     batched = FUSED.run(weights, x, packing, threads)
     for (start, length) in packing.spans:
         alone = FUSED.run(weights, x[start:start + length], Packing.from_lengths([length]), 1)
