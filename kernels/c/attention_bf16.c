@@ -17,20 +17,26 @@
 
 typedef uint16_t bf16;
 
-/* exp(x) for x <= 0, 16 lanes, to the precision the weights keep (they are rounded to bfloat16, 2^-9): 2^n * p(r),
- * n = round(x / ln 2), r = x / ln 2 - n, p a degree-4 polynomial in r (Taylor's of 2^r = e^(r ln 2); relative error
- * below 5e-5 on |r| <= 1/2), scaled by 2^n with vscalefps, which also gives 0 far below. Two instructions shorter
- * per step than exp_nonpositive's two-part reduction, and four shorter in its scaling. */
+#define LOG2_E 1.44269504088896341f
+
+/* 2^t for t <= 0, 16 lanes, to the precision the weights keep (they are rounded to bfloat16, 2^-9): 2^floor(t) *
+ * p(f), where f = t - floor(t) in [0, 1) comes in one instruction (vreduceps) and p is a degree-4 polynomial fitted
+ * to 2^f over [0, 1) for least relative error (below 3e-6), scaled by vscalefps, which takes the floor of t itself
+ * and gives 0 far below. Six instructions, where rounding t to the nearest whole number and subtracting it took
+ * seven (with vrndscaleps's two micro-operations), for a polynomial about 0 of the same degree and error 5e-5. */
+static inline __m512 pow2_for_weights(__m512 t) {
+    const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(0.013534167f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.052011460f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24144275f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69300383f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000026f));
+    return _mm512_scalef_ps(p, t);
+}
+
+/* exp(x) for x <= 0: 2^(x log2(e)). */
 static inline __m512 exp_for_weights(__m512 x) {
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(0.0096181291f);  /* ln2^4 / 24 */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.0555041087f));  /* ln2^3 / 6 */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.2402265070f));  /* ln2^2 / 2 */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.6931471806f));  /* ln2 */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return pow2_for_weights(_mm512_mul_ps(x, _mm512_set1_ps(LOG2_E)));
 }
 
 /* Bytes of scratch one thread needs for sequences of at most `longest` tokens, `longest` rounded up to 16 (padded):
@@ -47,13 +53,48 @@ static inline int32_t pair_at(const bf16 *where) {
     return pair;
 }
 
+/* A 16 x 16 block of 32-bit words, a row a vector, transposed in place: words, pairs of words, then 128-bit quarters
+ * twice interleaved, 64 shuffles where a word at a time it is 256 loads and 256 stores. */
+static inline void transpose_words(__m512i rows[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        rows[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        rows[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        rows[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        rows[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++) {
+            t[8 * i + k] = _mm512_shuffle_i32x4(rows[8 * i + k], rows[8 * i + 4 + k], 0x88);
+            t[8 * i + 4 + k] = _mm512_shuffle_i32x4(rows[8 * i + k], rows[8 * i + 4 + k], 0xdd);
+        }
+    for (int k = 0; k < 8; k++) {
+        rows[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+        rows[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
+    }
+}
+
 /* A head's keys (rows `stride` apart) as vdpbf16ps and AMX's tiles take them: for each pair of dimensions p, each
  * key j's (k[j][2p], k[j][2p + 1]) as one 32-bit word at key_words[p * padded + j]; zeros from `length` to `padded`
- * (their scores are dropped, but must not be NaN). */
+ * (their scores are dropped, but must not be NaN). Sixteen keys by sixteen pairs a transpose; the keys and pairs
+ * left over (a length's last keys, a head of 16 dimensions' last 8 pairs) a word at a time. */
 static void lay_out_keys(const bf16 *keys, int64_t stride, int64_t length, int64_t padded, int64_t head_dim,
                          int32_t *key_words) {
+    const int64_t whole_keys = length / 16 * 16, whole_pairs = head_dim / 32 * 16;
+    for (int64_t first = 0; first < whole_keys; first += 16)
+        for (int64_t p0 = 0; p0 < whole_pairs; p0 += 16) {
+            __m512i rows[16];
+            for (int j = 0; j < 16; j++) rows[j] = _mm512_loadu_si512(keys + (first + j) * stride + 2 * p0);
+            transpose_words(rows);
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(key_words + (p0 + p) * padded + first, rows[p]);
+        }
     for (int64_t p = 0; p < head_dim / 2; p++) {
-        for (int64_t j = 0; j < length; j++) key_words[p * padded + j] = pair_at(keys + j * stride + 2 * p);
+        for (int64_t j = p < whole_pairs ? whole_keys : 0; j < length; j++)
+            key_words[p * padded + j] = pair_at(keys + j * stride + 2 * p);
         for (int64_t j = length; j < padded; j++) key_words[p * padded + j] = 0;
     }
 }

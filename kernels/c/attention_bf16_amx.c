@@ -11,10 +11,11 @@
  * How, for each (sequence, head), sixteen query rows at a time: the scores of the block against sixteen keys at a
  * time (one float32 tile: for each 32 dimensions, a tile of the queries, read from qkv as it is, times a tile of the
  * keys, laid out in pairs of dimensions exactly as attention_bf16.c lays them out), stored; softmax in float32 rows
- * (attention_bf16.c's exp), the weights rounded to bfloat16, zeros past the sequence; then the weighted sum, 16
- * dimensions a tile (up to four, so 64 dimensions a pass), for each 32 keys a tile of the weights times a tile of
- * the values, laid out in pairs of rows as attention_bf16.c lays them out; divided by the weights' sum on the way
- * out. Rounding as attention_bf16.c's: float32 sums, weights in bfloat16.
+ * (attention_bf16.c's 2^t), the weights rounded to bfloat16 over their own row of scores, zeros past the sequence
+ * (one buffer: at 256 tokens, keys, values and scores are already as large as a core's first-level cache); then the
+ * weighted sum, 16 dimensions a tile (up to four, so 64 dimensions a pass), for each 32 keys a tile of the weights
+ * times a tile of the values, laid out in pairs of rows as attention_bf16.c lays them out; divided by the weights'
+ * sum on the way out. Rounding as attention_bf16.c's: float32 sums, weights in bfloat16.
  *
  * Tiles: 0-3 the weighted sums, 4 a tile of queries or weights, 5 of keys or values, 6 the scores. Head sizes that
  * are not a multiple of 32, and sequences shorter than AMX_SHORTEST (a tile of 16 rows would be mostly padding), go
@@ -32,12 +33,12 @@ static inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to
 static inline int64_t lines(int64_t bytes) { return round_up(bytes, 64); }
 
 /* Bytes of scratch one thread needs for sequences of at most `longest` tokens, at heads of head_dim: keys and values
- * in pairs, padded to 32 keys; 16 rows of float32 scores and of bfloat16 weights; 16 rows of queries (a block's last
+ * in pairs, padded to 32 keys; 16 rows of float32 scores (the weights over them); 16 rows of queries (a block's last
  * rows, copied); 16 rows of the float32 weighted sum. At least what attention_bf16.c's loops need, which serve the
  * heads and sequences left. */
 int64_t attention_bf16_amx_scratch_bytes(int64_t head_dim, int64_t longest) {
     const int64_t padded = round_up(longest, TILE_PAIRS);
-    const int64_t tiled = 2 * lines(head_dim * padded * 2) + lines(16 * padded * 4) + lines(16 * padded * 2) +
+    const int64_t tiled = 2 * lines(head_dim * padded * 2) + lines(16 * padded * 4) +
                           2 * lines(16 * head_dim * 4) + 64;
     const int64_t looped = attention_bf16_scratch_bytes(head_dim, longest);
     return tiled > looped ? tiled : looped;
@@ -54,10 +55,8 @@ static void attend_head_tiles(const bf16 *qkv, int64_t start, int64_t length, in
     next += lines(head_dim * padded * 2);
     bf16 *value_pairs = (bf16 *)next;
     next += lines(head_dim * padded * 2);
-    float *scores = (float *)next;
+    float *scores = (float *)next;  /* and the weights, bfloat16, over each row's first half */
     next += lines(16 * padded * 4);
-    bf16 *weights = (bf16 *)next;
-    next += lines(16 * padded * 2);
     bf16 *query_tile = (bf16 *)next;
     next += lines(16 * head_dim * 4);
     float *sums = (float *)next;
@@ -92,26 +91,44 @@ static void attend_head_tiles(const bf16 *qkv, int64_t start, int64_t length, in
             }
             _tile_stored(6, scores + block * TILE_KEYS, padded * 4);
         }
-        /* Softmax of each row over the sequence's keys, into bfloat16 weights with zeros up to `padded`. */
+        /* Softmax of each of the block's rows over the sequence's keys, into bfloat16 weights written over the row's
+         * own scores (each vector's two halves land where scores already read lay), zeros up to `padded`: 2^t with t
+         * = (score - the row's largest) * scale * log2(e), one multiply-add a score. Rows past the sequence get zero
+         * weights (their sums are dropped, but must not be NaN). Two running maxima and sums, so that a row's
+         * vectors do not wait on one another. */
         float inverse[16];
-        for (int64_t r = 0; r < 16; r++) {
+        const __m512 to_log2 = _mm512_set1_ps(scale * LOG2_E);
+        for (int64_t r = 0; r < rows; r++) {
             const float *row_scores = scores + r * padded;
-            bf16 *row_weights = weights + r * padded;
-            __m512 top = _mm512_set1_ps(-3.0e38f);
-            for (int64_t j = 0; j < length; j += LANES)
-                top = _mm512_mask_max_ps(top, lanes_below(length - j), top, _mm512_loadu_ps(row_scores + j));
-            const __m512 row_max = _mm512_set1_ps(_mm512_reduce_max_ps(top) * scale), scales = _mm512_set1_ps(scale);
-            __m512 total = _mm512_setzero_ps();
+            bf16 *row_weights = (bf16 *)(scores + r * padded);
+            __m512 top0 = _mm512_set1_ps(-3.0e38f), top1 = top0;
             int64_t j = 0;
+            for (; j + 2 * LANES <= length; j += 2 * LANES) {
+                top0 = _mm512_max_ps(top0, _mm512_loadu_ps(row_scores + j));
+                top1 = _mm512_max_ps(top1, _mm512_loadu_ps(row_scores + j + LANES));
+            }
+            for (; j < length; j += LANES)
+                top0 = _mm512_mask_max_ps(top0, lanes_below(length - j), top0, _mm512_loadu_ps(row_scores + j));
+            const __m512 offset = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(top0, top1)) * scale * LOG2_E);
+            __m512 total0 = _mm512_setzero_ps(), total1 = total0;
+            for (j = 0; j + 2 * LANES <= length; j += 2 * LANES) {
+                const __m512 e0 = pow2_for_weights(_mm512_fmsub_ps(_mm512_loadu_ps(row_scores + j), to_log2, offset));
+                const __m512 e1 = pow2_for_weights(
+                    _mm512_fmsub_ps(_mm512_loadu_ps(row_scores + j + LANES), to_log2, offset));
+                _mm512_storeu_si512(row_weights + j, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+                total0 = _mm512_add_ps(total0, e0);
+                total1 = _mm512_add_ps(total1, e1);
+            }
             for (; j < length; j += LANES) {
-                const __m512 e = _mm512_maskz_mov_ps(lanes_below(length - j), exp_for_weights(
-                    _mm512_fmsub_ps(_mm512_loadu_ps(row_scores + j), scales, row_max)));
+                const __m512 e = _mm512_maskz_mov_ps(lanes_below(length - j), pow2_for_weights(
+                    _mm512_fmsub_ps(_mm512_loadu_ps(row_scores + j), to_log2, offset)));
                 _mm256_storeu_si256((__m256i *)(row_weights + j), (__m256i)_mm512_cvtneps_pbh(e));
-                total = _mm512_add_ps(total, e);
+                total0 = _mm512_add_ps(total0, e);
             }
             for (; j < padded; j += LANES) _mm256_storeu_si256((__m256i *)(row_weights + j), _mm256_setzero_si256());
-            inverse[r] = 1.0f / _mm512_reduce_add_ps(total);
+            inverse[r] = 1.0f / _mm512_reduce_add_ps(_mm512_add_ps(total0, total1));
         }
+        for (int64_t r = rows; r < 16; r++) memset(scores + r * padded, 0, padded * 2);
         /* Weighted sum of the values, up to 64 dimensions a pass, then each row divided by its weights' sum. */
         for (int64_t dims = 0; dims < head_dim; dims += SUM_TILES * 16) {
             const int tiles = (int)((head_dim - dims) / 16 < SUM_TILES ? (head_dim - dims) / 16 : SUM_TILES);
@@ -120,7 +137,7 @@ static void attend_head_tiles(const bf16 *qkv, int64_t start, int64_t length, in
             _tile_zero(2);
             _tile_zero(3);
             for (int64_t pair_block = 0; pair_block < padded; pair_block += TILE_PAIRS) {
-                _tile_loadd(4, weights + pair_block, padded * 2);
+                _tile_loadd(4, (const bf16 *)scores + pair_block, padded * 4);
                 const bf16 *tile_values = value_pairs + (pair_block / 2 * head_dim + dims) * 2;
                 /* Tile numbers are immediates: one case a tile. */
                 _tile_loadd(5, tile_values, head_dim * 4);
