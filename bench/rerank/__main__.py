@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=REPO_ROOT / "runs" / "rerank", help="models and the report")
     parser.add_argument("--parts", nargs="+", default=["exactness", "speed", "long"],
                         choices=["exactness", "speed", "long"])
+    parser.add_argument("--overlaps", nargs="+", type=int, metavar="N",
+                        help="long inputs: measure with each --long-input-overlap (default: the service's default)")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     models = checkpoints.build(args.work)
@@ -52,10 +54,16 @@ def main() -> None:
                                         "runs": len(t.seconds)} for t in timings], "infinity_on_pylate": refusal}
         print_speed(timings, refusal)
     if "long" in args.parts:
-        found = long_inputs.measure(minilm_dir(), texts.long_document(4000), passages, 3 if args.short else 21)
-        report["long_inputs"] = asdict(found) | {"ratio": found.ratio, "computed_ratio": found.computed_ratio,
-                                                 "best_of_ratio": found.best_of_ratio}
-        print_long(found)
+        runs = [long_inputs.measure(minilm_dir(), texts.long_document(4000), passages, 3 if args.short else 61,
+                                    overlap) for overlap in args.overlaps or [None]]
+        report["long_inputs"] = []
+        for found in runs:
+            cosines = {run.overlap: long_inputs.cosine(found.vector, run.vector) for run in runs}
+            report["long_inputs"].append(
+                {k: v for k, v in asdict(found).items() if k != "vector"}
+                | {"ratio": found.ratio, "computed_ratio": found.computed_ratio, "best_of_ratio": found.best_of_ratio,
+                   "cosine_to_other_overlaps": cosines})
+            print_long(found, cosines)
     (args.work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"\n(written to {args.work / 'report.json'})")
 
@@ -80,13 +88,17 @@ def print_speed(timings, refusal) -> None:
         print(f"\nInfinity on the PyLate checkpoint: {refusal}")
 
 
-def print_long(found) -> None:
-    print(f"\nlong input: {found.words} words, {found.tokens} tokens in {found.windows} windows; cosine to the "
+def print_long(found, cosines: dict[int, float]) -> None:
+    print(f"\nlong input: {found.words} words, {found.tokens} tokens in {found.windows} windows overlapping by "
+          f"{found.overlap}; cosine to the "
           f"windows' mean {found.cosine_to_windows:.7f}; {found.long_tokens_per_s:.0f} tokens/s "
           f"({found.computed_tokens_per_s:.0f} computed) against {found.short_tokens_per_s:.0f} for short passages, "
           f"each the best of {len(found.round_ratios)} rounds ({found.best_of_ratio:.2f}x); the rounds' median ratio "
           f"{found.ratio:.2f}x (quartiles {found.ratio_quartiles[0]:.2f}x-{found.ratio_quartiles[1]:.2f}x), "
           f"{found.computed_ratio:.2f}x counting the windows' tokens")
+    others = [f"{overlap}: {cosine:.6f}" for overlap, cosine in cosines.items() if overlap != found.overlap]
+    if others:
+        print(f"  its vector's cosine to the document's vector read with other overlaps: {', '.join(others)}")
 
 
 if __name__ == "__main__":

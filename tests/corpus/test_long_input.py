@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from corpus.cli import main
+from corpus.settings import DEFAULT_LONG_INPUT_OVERLAP
 from tests.corpus.job_helpers import embed_args, manifest, read_output, sentences, write_jsonl
 from tests.service.conftest import serving
 
@@ -57,9 +58,9 @@ def test_part_of_the_identity_and_refused_with_truncate(tmp_path, tiny_checkpoin
     output = tmp_path / "out"
     assert main(embed_args(source, output, tiny_checkpoint, *OPTIONS)) == 0
     identity = manifest(output)["identity"]
-    assert identity["long_input"] == "chunk" and identity["long_input_overlap"] == 16
+    assert identity["long_input"] == "chunk" and identity["long_input_overlap"] == DEFAULT_LONG_INPUT_OVERLAP
     assert main(embed_args(source, output, tiny_checkpoint, *OPTIONS, "--long-input-overlap", "3")) == 1
-    assert "--long-input-overlap 16, this run asks for 3" in capsys.readouterr().err
+    assert f"--long-input-overlap {DEFAULT_LONG_INPUT_OVERLAP}, this run asks for 3" in capsys.readouterr().err
     assert main(embed_args(source, output, tiny_checkpoint, "--id-column", "id", "--rows-per-shard", "4",
                            "--dtype", "float32")) == 1
     assert "--long-input chunk, this run asks for (not set)" in capsys.readouterr().err
