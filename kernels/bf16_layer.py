@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from kernels import bf16_linear
+from kernels.layer_call import LayerCall
 from kernels.loading import FirstUse, KernelUnavailable, ask_for_amx
 from model.bert import BertLayer
 from model.config import BertConfig
@@ -65,7 +66,7 @@ class LayerWeights:
 
     def __init__(self, layer: BertLayer):
         self._parameters = list(layer.parameters())  # a cast or a load changes these tensors' data, not the objects
-        self._identity = self._identity_now()
+        self._identity = bf16_linear.written(self._parameters)
         self._keep = []  # the tensors the struct points into
 
         def floats(tensor: torch.Tensor) -> int:
@@ -85,12 +86,8 @@ class LayerWeights:
                              floats(second.weight), floats(second.bias), first.eps, second.eps, attention.num_heads,
                              attention.head_dim)
 
-    def _identity_now(self) -> tuple:
-        """Where each parameter lives and how often it was written: another when any of them changes."""
-        return tuple((p.data_ptr(), p._version, p.dtype) for p in self._parameters)
-
     def current(self) -> bool:
-        return self._identity_now() == self._identity
+        return bf16_linear.written(self._parameters) == self._identity
 
 
 class Kernel:
@@ -99,12 +96,7 @@ class Kernel:
 
     def __init__(self, library: ctypes.CDLL):
         ask_for_amx(library)
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self._workspace = library.bf16_layer_workspace
-        self._workspace.argtypes, self._workspace.restype = [pointer, size, size, size], size
-        self._layer = library.bf16_layer
-        self._layer.argtypes = [pointer, pointer, size, pointer, pointer, size, size, pointer, pointer, size]
-        self._layer.restype = None
+        self._call = LayerCall(library, "bf16_layer")
 
     def run(self, weights: LayerWeights, x: torch.Tensor, packing: Packing, threads: int | None = None) -> torch.Tensor:
         """The layer applied to packed bfloat16 rows x (N, hidden), laid out as `packing` says, on `threads` threads
@@ -113,14 +105,7 @@ class Kernel:
         if x.dtype != torch.bfloat16 or x.shape != (tokens, weights.hidden):
             raise ValueError(f"the bfloat16 layer takes packed bfloat16 ({tokens}, {weights.hidden}) rows, one per "
                              f"token of the packing, not {tuple(x.shape)} {x.dtype}")
-        x = x.contiguous()
-        threads = torch.get_num_threads() if threads is None else threads
-        struct = ctypes.byref(weights.struct)
-        workspace = torch.empty(self._workspace(struct, x.shape[0], packing.max_length, threads), dtype=torch.uint8)
-        out = torch.empty_like(x)
-        self._layer(struct, x.data_ptr(), x.shape[0], packing.starts.data_ptr(), packing.lengths.data_ptr(),
-                    len(packing.starts), packing.max_length, out.data_ptr(), workspace.data_ptr(), threads)
-        return out
+        return self._call(weights.struct, x.contiguous(), packing, threads)
 
 
 class BFloat16FusedLayer(BertLayer):

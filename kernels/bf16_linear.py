@@ -97,6 +97,12 @@ kernel = FirstUse(SOURCE_NAME, Kernel, _check, "bfloat16 Linear layers: torch's 
 why_not = kernel.why_not
 
 
+def written(tensors) -> tuple:
+    """Where each tensor's data lives, how often it was written in place, and its type (None for a missing one):
+    another tuple once any of them changes (a cast, a load, a copy into it). What laid-out copies are checked by."""
+    return tuple(None if t is None else (t.data_ptr(), t._version, t.dtype) for t in tensors)
+
+
 class TiledLinear(nn.Linear):
     """nn.Linear whose bfloat16 inference on a CPU, up to MOST_ROWS rows, runs on AMX's tiles (`Kernel.linear`), its
     weights laid out at the first such call and again whenever they change; anything else runs nn.Linear's forward."""
@@ -120,8 +126,7 @@ class TiledLinear(nn.Linear):
     def laid_out(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The weights in the tiles' layout and the bias in float32 (zeros for none), laid out again whenever a
         parameter changed (a cast, a load): what `forward` and kernels.bf16_layer's one-call layer read."""
-        identity = (self.weight.data_ptr(), self.weight._version,
-                    None if self.bias is None else (self.bias.data_ptr(), self.bias._version))
+        identity = written((self.weight, self.bias))
         if self._laid_out is None or self._laid_out[0] != identity:
             bias = torch.zeros(self.out_features) if self.bias is None else self.bias.detach().float()
             self._laid_out = (identity, self._tiles.block(self.weight), bias)

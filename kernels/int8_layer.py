@@ -26,6 +26,7 @@ import torch
 from kernels import attention, int8_products, int8_reference
 from kernels.int8_modules import Int8GeluIntermediate, Int8Linear, Int8ResidualNorm, fuse_int8_steps, \
     refuse_device_moves
+from kernels.layer_call import LayerCall
 from kernels.loading import FirstOf, FirstUse, KernelUnavailable
 from model.bert import BertLayer
 from model.config import BertConfig
@@ -111,12 +112,7 @@ class Kernel:
     layout = "VNNI"  # the blocked weights' layout it reads: the products kernel of this process must write it
 
     def __init__(self, library: ctypes.CDLL):
-        pointer, size = ctypes.c_void_p, ctypes.c_int64
-        self._workspace = library.int8_layer_workspace
-        self._workspace.argtypes, self._workspace.restype = [pointer, size, size, size], size
-        self._layer = library.int8_layer
-        self._layer.argtypes = [pointer, pointer, size, pointer, pointer, size, size, pointer, pointer, size]
-        self._layer.restype = None
+        self._call = LayerCall(library, "int8_layer")
 
     def run(self, weights: LayerWeights, x: torch.Tensor, packing: Packing, threads: int | None = None) -> torch.Tensor:
         """The layer applied to packed float32 rows x (N, hidden), laid out as `packing` says, on `threads` threads
@@ -125,15 +121,7 @@ class Kernel:
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape != (tokens, weights.hidden):
             raise ValueError(f"the int8 layer takes packed float32 ({tokens}, {weights.hidden}) rows, one per token of "
                              f"the packing, not {tuple(x.shape)} {x.dtype}")
-        x = x.contiguous()
-        rows, longest = x.shape[0], packing.max_length
-        threads = torch.get_num_threads() if threads is None else threads
-        struct = ctypes.byref(weights.struct)
-        workspace = torch.empty(self._workspace(struct, rows, longest, threads), dtype=torch.uint8)
-        out = torch.empty_like(x)
-        self._layer(struct, x.data_ptr(), rows, packing.starts.data_ptr(), packing.lengths.data_ptr(),
-                    len(packing.starts), longest, out.data_ptr(), workspace.data_ptr(), threads)
-        return out
+        return self._call(weights.struct, x.contiguous(), packing, threads)
 
 
 class AmxKernel(Kernel):

@@ -81,6 +81,11 @@ static void rows_times_block(const bf16 *a, int64_t first, int rows, int64_t k, 
     }
 }
 
+/* Columns of block b that out (n columns) has: 64, or fewer in the last block. */
+static inline int64_t block_columns(int64_t n, int64_t b) {
+    return n - b * BLOCK_COLUMNS < BLOCK_COLUMNS ? n - b * BLOCK_COLUMNS : BLOCK_COLUMNS;
+}
+
 /* Blocks first_block .. last_block - 1 of out, every row: ROW_CHUNK rows at a time over all of the blocks (the chunk's
  * rows stay in L2 while the blocks pass over them, where a block at a time over every row of a bulk batch read the
  * rows from memory again for each block: 2x torch's time at 4,096 rows), 16 rows a tile, then the rows left. */
@@ -91,21 +96,17 @@ static void blocks_share(const bf16 *a, int64_t m, int64_t k, const bf16 *blocke
         load_product_tiles(16);
         for (int64_t chunk = 0; chunk < whole; chunk += ROW_CHUNK) {
             const int64_t chunk_end = chunk + ROW_CHUNK < whole ? chunk + ROW_CHUNK : whole;
-            for (int64_t b = first_block; b < last_block; b++) {
-                const int64_t columns = n - b * BLOCK_COLUMNS < BLOCK_COLUMNS ? n - b * BLOCK_COLUMNS : BLOCK_COLUMNS;
+            for (int64_t b = first_block; b < last_block; b++)
                 for (int64_t first = chunk; first < chunk_end; first += 16)
                     rows_times_block(a, first, 16, k, blocked + b * BLOCK_COLUMNS * k, bias + b * BLOCK_COLUMNS,
-                                     out + b * BLOCK_COLUMNS, n, columns);
-            }
+                                     out + b * BLOCK_COLUMNS, n, block_columns(n, b));
         }
     }
     if (whole < m) {
         load_product_tiles((int)(m - whole));
-        for (int64_t b = first_block; b < last_block; b++) {
-            const int64_t columns = n - b * BLOCK_COLUMNS < BLOCK_COLUMNS ? n - b * BLOCK_COLUMNS : BLOCK_COLUMNS;
+        for (int64_t b = first_block; b < last_block; b++)
             rows_times_block(a, whole, (int)(m - whole), k, blocked + b * BLOCK_COLUMNS * k, bias + b * BLOCK_COLUMNS,
-                             out + b * BLOCK_COLUMNS, n, columns);
-        }
+                             out + b * BLOCK_COLUMNS, n, block_columns(n, b));
     }
     _tile_release();
 }
