@@ -26,12 +26,12 @@ time of the float32 kernel between those copies, two threads, 32 to 512 tokens (
 --dtype bfloat16`). Checked against SDPA in float32 on the same bfloat16 inputs (within bfloat16's rounding of the
 output). Elsewhere the float32 kernel serves it, between the two copies.
 
-Where the CPU has AMX, `kernels/c/attention_bf16_amx.c` serves bfloat16 instead: the same call and algorithm, both
-products on AMX's tiles (TDPBF16PS) for heads of a multiple of 32 and sequences of 16 tokens or more, the loops above
-for the rest. Two threads of a Sapphire Rapids-class Xeon, 12 heads of 32: 0.35-0.36x the loops' time from 96 to 150
-tokens, 0.30x at 256, 0.43x and 0.49x torch's own bfloat16 SDPA (itself on AMX) at 256 and 512. Without it (AMX but not
-these tiles, or heads it does not tile), torch's bfloat16 attention overtakes the loops past about 150 tokens of heads
-of 32, and `Kernel.longest` hands it those.
+Where the CPU has AMX, `kernels/c/attention_bf16_amx.c` serves bfloat16 instead: the same call, both products on
+AMX's tiles (TDPBF16PS) for heads of a multiple of 32 and sequences of 16 tokens or more, the loops above for the rest,
+and from 112 tokens (160 at heads of 64) one pass over the keys (its file says how). Two threads of a Sapphire
+Rapids-class Xeon, 12 heads of 32: 0.36x the loops' time at 117 tokens, 0.25x at 256, 0.40x and 0.32x torch's own
+bfloat16 SDPA (itself on AMX) at 256 and 512. Without it (AMX but not these tiles, or heads it does not tile), torch's
+bfloat16 attention overtakes the loops past about 150 tokens of heads of 32, and `Kernel.longest` hands it those.
 """
 
 from __future__ import annotations

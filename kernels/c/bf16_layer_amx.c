@@ -82,11 +82,6 @@ static void dense_share(const bf16 *a, int64_t m, const Bf16Dense *dense, bf16 *
                      blocks * me / team, blocks * (me + 1) / team);
 }
 
-/* 16 bfloat16 values as float32 (exact: a bfloat16 is a float32's upper half). */
-static inline __m512 widen(const bf16 *from) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)from)), 16));
-}
-
 /* 16 float32 values rounded to bfloat16, to nearest even (vcvtneps2bf16), as torch rounds. */
 static inline void narrow(bf16 *to, __m512 v) { _mm256_storeu_si256((__m256i *)to, (__m256i)_mm512_cvtneps_pbh(v)); }
 
