@@ -20,7 +20,7 @@ OUTPUT_PRECISIONS = ("float32", "float16")
 ON_ERROR = ("stop", "skip")
 LONG_INPUTS = ("refuse", "chunk")
 MULTI_VECTOR_MODES = ("document", "query")
-DEFAULT_LONG_INPUT_OVERLAP = 8  # the service's --long-input-overlap
+DEFAULT_LONG_INPUT_OVERLAP = 0  # the service's --long-input-overlap
 FORMATS = ("jsonl", "parquet", "csv", "text")
 DEFAULT_MAX_BATCH_TOKENS = 16384  # the service's max_batch_tokens (service.settings)
 

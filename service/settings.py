@@ -146,13 +146,13 @@ class Settings(BaseSettings):
     max_inputs_per_request: int = Field(64, ge=1, description="Most inputs in one request (422 beyond).")
     max_input_chars: int = Field(50_000, ge=1, description=(
         "Most characters in one input text, checked before tokenization so that huge texts cost nothing (422)."))
-    long_input_overlap: int = Field(8, ge=0, description=(
+    long_input_overlap: int = Field(0, ge=0, description=(
         "Tokens shared by consecutive windows when a request chunks an input longer than the model's window "
         "(\"long_input\": \"chunk\" on /embed, /encode and /v1/embeddings, and for a ColBERT's documents; "
-        "docs/long-inputs.md), at most half a window. Each shared token is read twice, once with the context before "
-        "it and once with the context after it, and computed twice: a pooled vector moves by about as much as any "
-        "other cut of the windows would move it (docs/long-inputs.md), a ColBERT document gets a second vector for "
-        "the tokens at its windows' edges."))
+        "docs/long-inputs.md), at most half a window. 0 = windows side by side, as vLLM's chunked processing cuts. "
+        "Each shared token is read twice, once with the context before it and once with the context after it, and "
+        "computed twice: a pooled vector moves by about as much as any other cut of the windows would move it "
+        "(docs/long-inputs.md), a ColBERT document gets a second vector for the tokens at its windows' edges."))
     max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond).")
     max_top_k: int = Field(100, ge=1, description="Largest top_k accepted by /fill-mask (422 beyond).")
     max_response_mb: float = Field(32.0, gt=0, description=(
