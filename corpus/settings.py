@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from service.engine.options import EngineOptions
-from service.settings import DEFAULT_CHECKPOINT
+from service.settings import DEFAULT_CHECKPOINT, Settings
 
 POOLINGS = ("mean", "cls")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
@@ -20,9 +20,9 @@ OUTPUT_PRECISIONS = ("float32", "float16")
 ON_ERROR = ("stop", "skip")
 LONG_INPUTS = ("refuse", "chunk")
 MULTI_VECTOR_MODES = ("document", "query")
-DEFAULT_LONG_INPUT_OVERLAP = 0  # the service's --long-input-overlap
+DEFAULT_LONG_INPUT_OVERLAP: int = Settings.model_fields["long_input_overlap"].default  # the service's, read off it
 FORMATS = ("jsonl", "parquet", "csv", "text")
-DEFAULT_MAX_BATCH_TOKENS = 16384  # the service's max_batch_tokens (service.settings)
+DEFAULT_MAX_BATCH_TOKENS: int = Settings.model_fields["max_batch_tokens"].default  # the service's, read off it
 
 # Options that may differ between a run and its resume: where things are and how the job runs. `on_error` is
 # among them: a run stopped by a bad row is meant to be resumed with --on-error skip.

@@ -132,6 +132,16 @@ static inline __m512 widen(const bf16 *from) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)from)), 16));
 }
 
+/* A block's first `rows` rows of the weighted sum (float32, head_dim apart), each divided by its weights' sum (times
+ * `inverse`), into their rows of out (hidden apart), bfloat16. */
+static inline void write_rows(const float *sums, const float *inverse, int64_t rows, int64_t head_dim, bf16 *out_rows,
+                              int64_t hidden) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t d = 0; d < head_dim; d += LANES)
+            _mm256_storeu_si256((__m256i *)(out_rows + r * hidden + d), (__m256i)_mm512_cvtneps_pbh(
+                _mm512_mul_ps(_mm512_loadu_ps(sums + r * head_dim + d), _mm512_set1_ps(inverse[r]))));
+}
+
 /* The scores of the block's queries (a tile, rows query_stride bytes apart) against keys first .. first + 31, into
  * `staged` (16 rows of 32 float32). */
 static inline void stage_scores(const bf16 *query_rows, int64_t query_stride, const int32_t *key_words,
@@ -231,10 +241,7 @@ static int attend_block_one_pass(const bf16 *query_rows, int64_t query_stride, i
     _tile_stored(0, at->sums, head_dim * 4);
     _tile_stored(1, at->sums + 16, head_dim * 4);
     if (tiles > 2) { _tile_stored(2, at->sums + 32, head_dim * 4); _tile_stored(3, at->sums + 48, head_dim * 4); }
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t d = 0; d < head_dim; d += LANES)
-            _mm256_storeu_si256((__m256i *)(out_rows + r * hidden + d), (__m256i)_mm512_cvtneps_pbh(
-                _mm512_mul_ps(_mm512_loadu_ps(at->sums + r * head_dim + d), _mm512_set1_ps(inverse[r]))));
+    write_rows(at->sums, inverse, rows, head_dim, out_rows, hidden);
     return 1;
 }
 
@@ -315,10 +322,7 @@ static void attend_block_two_pass(const bf16 *query_rows, int64_t query_stride, 
         if (tiles > 2) _tile_stored(2, at->sums + dims + 32, head_dim * 4);
         if (tiles > 3) _tile_stored(3, at->sums + dims + 48, head_dim * 4);
     }
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t d = 0; d < head_dim; d += LANES)
-            _mm256_storeu_si256((__m256i *)(out_rows + r * hidden + d), (__m256i)_mm512_cvtneps_pbh(
-                _mm512_mul_ps(_mm512_loadu_ps(at->sums + r * head_dim + d), _mm512_set1_ps(inverse[r]))));
+    write_rows(at->sums, inverse, rows, head_dim, out_rows, hidden);
 }
 
 /* One head of one sequence on AMX's tiles (the caller checked head_dim % 32 == 0 and length >= AMX_SHORTEST). */
