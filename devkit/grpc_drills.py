@@ -246,7 +246,7 @@ def server_faults(url: str) -> dict[str, float]:
 
 
 def front_end_pids(root: int) -> list[int]:
-    from bench.serving.server_cpu import front_ends, process_tree
+    from bench.serving.process_cpu import front_ends, process_tree
 
     return sorted(front_ends(process_tree(root))) or [root]
 

@@ -17,6 +17,7 @@ MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 
 
 class Metrics:
@@ -38,6 +39,11 @@ class Metrics:
                                        ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.inference_seconds = Histogram("bert_inference_seconds", "Device time of one batch.", ["model"],
                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.engine_round_trip = Histogram("bert_engine_round_trip_seconds",
+                                           "Time from a request's inputs handed to the engine to their results back "
+                                           "(its queue and batches, and the hop between processes with --workers N); "
+                                           "the rest of bert_request_duration_seconds is the front end's own.",
+                                           ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.tokenize_seconds = Histogram("bert_tokenization_seconds", "Tokenization time of one request.", ["model"],
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.batch_sequences = Histogram("bert_batch_sequences", "Sequences per batch.", ["model"],
@@ -74,6 +80,11 @@ class Metrics:
         self.flops = Counter("bert_model_flops", "Encoder FLOPs of the batches computed.", ["model"], registry=r)
         self.flops_padding = Counter("bert_model_flops_padding", "The part of bert_model_flops spent on padding.",
                                      ["model"], registry=r)
+        self.interpreter_lag = Histogram("bert_engine_interpreter_lag_seconds",
+                                         "How late a thread of the engine that asks for the Python interpreter every "
+                                         "10 ms gets it: tens of us while the engine's host work has time to spare, "
+                                         "ms when its threads queue for the GIL (service/engine/interpreter_lag.py).",
+                                         buckets=LAG_BUCKETS, registry=r)
         self._views: dict[str, ModelMetrics] = {}
 
     def for_model(self, name: str) -> ModelMetrics:
@@ -98,6 +109,7 @@ class ModelMetrics:
         self.queue_depth = metrics.queue_depth.labels(model=name)
         self.queue_seconds = metrics.queue_seconds.labels(model=name)
         self.tokenize_seconds = metrics.tokenize_seconds.labels(model=name)
+        self.engine_round_trip = metrics.engine_round_trip.labels(model=name)
         self.batch_splits = metrics.batch_splits.labels(model=name)
         self.express_batches = metrics.express_batches.labels(model=name)
         self.items_dropped = _ByReason(metrics.items_dropped, name)

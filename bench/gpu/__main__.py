@@ -145,8 +145,24 @@ def serving_lines(label: str, serve: dict) -> list[str]:
                              f"{fmt(r.get('engine_busy'), '.0%')}, queue wait {fmt(r.get('queue_ms'), '.1f')} ms"
                              f"; graphed {fmt(r.get('graphed'), '.0%')} of batches"
                              + (f", {r['graph_padding']:.1%} rows of padding" if r.get("graph_padding") else "")
+                             + host_work(r)
                              if r["system"].startswith("service") else "") + " |")
     return lines
+
+
+def host_work(row: dict) -> str:
+    """A service row's host side. A request's mean time: at the clients (Little's law: clients over requests/s), in
+    the server (the front end's view), and of that in the engine's round trip, so that the front ends' and the
+    connections' parts show as differences. Then the engine's wait for its interpreter
+    (service/engine/interpreter_lag.py: milliseconds say its threads' Python sets the pace, not the device), the
+    cores its process kept busy with its busiest threads, and the front ends' cores."""
+    if row.get("interpreter_lag_ms") is None and row.get("engine_cores") is None:
+        return ""
+    clients_ms = 1000 * row["concurrency"] / row["requests_per_s"] if row.get("requests_per_s") else None
+    return (f"; a request's mean {fmt(clients_ms)} ms at the clients, {fmt(row.get('server_ms'))} in the server, "
+            f"{fmt(row.get('engine_round_trip_ms'))} in the engine's round trip; interpreter lag "
+            f"{fmt(row.get('interpreter_lag_ms'), '.2f')} ms, engine process {fmt(row.get('engine_cores'), '.2f')} "
+            f"cores ({row.get('engine_threads') or '-'}), front ends {fmt(row.get('front_end_cores'), '.2f')} cores")
 
 
 def profile_lines(spy: dict | None, kernels: dict | None) -> list[str]:

@@ -63,7 +63,9 @@ def serving(checkpoint: Path, work: Path, dry_run: bool, duration: float, servic
     if result.returncode:
         return {"error": result.stderr[-1500:], "command": " ".join(command)}
     keep = ("system", "concurrency", "inputs_per_request", "sequences_per_s", "requests_per_s", "p50_ms", "p99_ms",
-            "mean_batch", "padding", "vs_limit", "batch_ms", "engine_busy", "queue_ms", "graphed", "graph_padding")
+            "mean_batch", "padding", "vs_limit", "batch_ms", "engine_busy", "queue_ms", "graphed", "graph_padding",
+            "server_ms", "engine_round_trip_ms", "interpreter_lag_ms", "engine_cores", "engine_threads",
+            "front_end_cores")
     rows = [{k: r[k] for k in keep} for r in json.loads(rows_file.read_text())]
     # bench.serving's own notes: one input's forward pass, and the limit at every batch size tried (the service's
     # batches are compared with the limit at their own size, not only at the best one)

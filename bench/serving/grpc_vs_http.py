@@ -31,7 +31,8 @@ from pathlib import Path
 
 from bench.serving import grpc_load
 from bench.serving.load import drive_processes
-from bench.serving.server_cpu import cpu_seconds, front_ends, nearly_free_checkpoint, process_tree
+from bench.serving.process_cpu import cpu_seconds, front_ends, process_tree
+from bench.serving.server_cpu import nearly_free_checkpoint
 from bench.serving.throughput import sentences
 from devkit.server import free_port, start_service
 from service.settings import DEFAULT_CHECKPOINT

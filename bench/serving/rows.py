@@ -31,6 +31,17 @@ class Row:
     # CUDA graphs: the share of batches replayed as one, and the rows they added beyond the real tokens (per real token)
     graphed: float | None = None
     graph_padding: float | None = None
+    # Where a request's time went inside the server: the front end's whole view of it (body read to answer) and, of
+    # that, the engine's round trip (inputs handed over to results back: queue_ms, the batches and the hop between
+    # processes); the client's own round trip less the first is the HTTP connection's and the client's.
+    server_ms: float | None = None
+    engine_round_trip_ms: float | None = None
+    # Whether the engine's host work sets the pace (service/engine/interpreter_lag.py): the mean wait of its lag probe
+    # for the interpreter, the cores its process kept busy and its busiest threads, and the front ends' cores in all.
+    interpreter_lag_ms: float | None = None
+    engine_cores: float | None = None
+    engine_threads: str = ""
+    front_end_cores: float | None = None
     arrangement: str = ""  # an in-process limit's best batch size and batches in parallel
 
 

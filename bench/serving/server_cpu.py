@@ -29,12 +29,12 @@ from pathlib import Path
 
 
 from bench.serving.load import drive_processes
+from bench.serving.process_cpu import cpu_seconds, front_ends, process_tree
 from bench.serving.throughput import sentences
 from devkit.server import free_port, start, start_service
 from model import BertConfig, BertForPreTraining, WordPieceTokenizer, save_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
 
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -61,48 +61,6 @@ def nearly_free_checkpoint(directory: Path, hidden: int = 32) -> Path:
                         intermediate_size=64, max_position_embeddings=512)
     save_checkpoint(directory, BertForPreTraining(config).eval(), tokenizer, metadata={"note": "random weights"})
     return directory
-
-
-def process_tree(root: int) -> list[int]:
-    """`root` and every process below it."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(parents.get(pid, []))
-    return found
-
-
-def front_ends(pids: list[int]) -> set[int]:
-    """Which of `pids` are HTTP front-end workers (docs/processes.md)."""
-    found = set()
-    for pid in pids:
-        try:
-            if b"service.frontend.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.add(pid)
-        except OSError:
-            continue
-    return found
-
-
-def cpu_seconds(pids: list[int]) -> dict[int, float]:
-    """User + system CPU seconds of each live process."""
-    out = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[pid] = (int(fields[11]) + int(fields[12])) / TICKS
-    return out
 
 
 def measure(url: str, root: int, texts: list[str], concurrency: int, per_request: int, seconds: float,

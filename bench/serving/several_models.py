@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.serving.load import drive, drive_processes, request_maker
+from bench.serving.throughput import metric
 from devkit.paths import WIKITEXT_TEST, minilm_dir
 from devkit.server import free_port, serving
 from service.settings import DEFAULT_CHECKPOINT
@@ -59,6 +60,9 @@ class Mixed:
     rerank_requests: int
     rerank_device_share: float | None = None  # the reranker's part of the tokens every model computed (ours only)
     rerank_engine_seconds_share: float | None = None  # its part of every model's engine seconds (ours only)
+    # the engine's mean wait for its Python interpreter (ours only; service/engine/interpreter_lag.py): ms say the
+    # models' host work queues for one interpreter, which a request of the reranker waits in too
+    interpreter_lag_ms: float | None = None
 
 
 def embedder_checkpoint() -> Path:
@@ -116,13 +120,17 @@ def ours(models: dict[str, Path], port: int, extra: list[str]) -> list[str]:
 
 
 def device_use_by_model(url: str) -> dict[str, dict[str, float]]:
-    """Each model's tokens computed and engine seconds so far (from /metrics)."""
+    """Each model's tokens computed and engine seconds so far, and the engine's interpreter-lag probe's readings and
+    their sum (from /metrics)."""
     import httpx
 
     text = httpx.get(url + "/metrics", timeout=30).text
-    return {series: {model: float(value) for model, value in re.findall(
-        rf'^{metric}\{{model="([^"]+)"\}} (\S+)$', text, re.M)}
-        for series, metric in (("tokens", "bert_tokens_real_total"), ("seconds", "bert_inference_seconds_sum"))}
+    found = {series: {model: float(value) for model, value in re.findall(
+        rf'^{metric_name}\{{model="([^"]+)"\}} (\S+)$', text, re.M)}
+        for series, metric_name in (("tokens", "bert_tokens_real_total"), ("seconds", "bert_inference_seconds_sum"))}
+    found["lag"] = {"sum": metric(text, "bert_engine_interpreter_lag_seconds_sum"),
+                    "count": metric(text, "bert_engine_interpreter_lag_seconds_count")}
+    return found
 
 
 def rerank_share(before: dict, after: dict, series: str) -> float:
@@ -161,7 +169,13 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
                  float(np.percentile(latencies, 99)) if latencies is not None else None,
                  len(latencies) if latencies is not None else 0,
                  rerank_share(before, after, "tokens") if after else None,
-                 rerank_share(before, after, "seconds") if after else None)
+                 rerank_share(before, after, "seconds") if after else None,
+                 mean_lag_ms(before, after) if after else None)
+
+
+def mean_lag_ms(before: dict, after: dict) -> float | None:
+    probes = after["lag"]["count"] - before["lag"]["count"]
+    return 1000 * (after["lag"]["sum"] - before["lag"]["sum"]) / probes if probes else None
 
 
 def measure(args, work: Path) -> dict:
@@ -252,8 +266,10 @@ def verdicts(found: dict) -> list[str]:
     lines.append(f"memory: {found['together_rss_mib']:.0f} MiB for three / {sum(found['alone_rss_mib'].values()):.0f} "
                  f"MiB for three alone = {memory:.2f}x (target <= 0.6x)")
     p99 = together["rerank_p99_ms"] / alone["rerank_p99_ms"]
+    lag = together.get("interpreter_lag_ms")
     lines.append(f"reranker p99 while the embedder is flooded: {together['rerank_p99_ms']:.1f} ms / "
-                 f"{alone['rerank_p99_ms']:.1f} ms alone = {p99:.2f}x (target <= 2x)")
+                 f"{alone['rerank_p99_ms']:.1f} ms alone = {p99:.2f}x (target <= 2x)"
+                 + (f"; the engine's interpreter lag meanwhile {lag:.2f} ms" if lag is not None else ""))
     share = together["rerank_device_share"] or 0.0
     floor = found["embed_alone"]["embed_per_s"] * (1 - share)
     lines.append(f"embedder: {together['embed_per_s']:.0f} sentences/s with the reranker / {floor:.0f} (alone "

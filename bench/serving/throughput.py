@@ -31,6 +31,7 @@ import torch
 
 from bench.serving.in_process_limit import BATCH_SIZES, arrangement_label, measure_limit
 from bench.serving.load import drive, drive_processes, encode_request, infinity_request, live_request
+from bench.serving.process_cpu import busiest_threads, cpu_seconds, engine_process, front_ends, process_tree, thread_cpu
 from bench.serving.rows import Row, table
 from devkit.paths import WIKITEXT_TEST, checkpoint_argument
 from devkit.server import free_port, start
@@ -77,14 +78,16 @@ WARM_UP_CLIENTS = 8  # enough to reach every code path; more only adds the wait 
 
 def measure_http(system: str, url: str, texts, concurrency: int, duration: float, token_counts,
                  request=encode_request, inputs_per_request: int = 1, client_processes: int = 1,
-                 warm_up: bool = True) -> Row:
+                 warm_up: bool = True, server_pid: int | None = None) -> Row:
     """One row: `concurrency` closed-loop clients for `duration` seconds, after a short warm-up (a server's
     first row needs it; the next rows find it warm); with `client_processes` > 1 (our own request shapes
-    only), the clients run in that many processes."""
+    only), the clients run in that many processes. With our service's `server_pid`, the row also says how busy
+    its engine process and front ends were (bench.serving.process_cpu)."""
     if warm_up:
         asyncio.run(drive(url, texts[:64], min(concurrency, WARM_UP_CLIENTS), min(2.0, duration / 3), token_counts,
                           request, inputs_per_request))
     before = httpx.get(url + "/metrics").text if system.startswith("service") else ""
+    cpu_before = ServerCpu(server_pid) if server_pid is not None and system.startswith("service") else None
     named = {encode_request: "encode", live_request: "live"}.get(request)
     if client_processes > 1 and named:
         latencies, sequences, tokens, seconds = drive_processes(url, texts, concurrency, duration, token_counts, named,
@@ -95,6 +98,8 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
     row = Row(system, concurrency, len(latencies), seconds, len(latencies) / seconds, sequences / seconds,
               tokens / seconds, *(float(np.percentile(latencies, q)) * 1000 for q in (50, 95, 99)),
               inputs_per_request=inputs_per_request)
+    if cpu_before is not None:
+        row.engine_cores, row.engine_threads, row.front_end_cores = cpu_before.since(seconds)
     if system.startswith("service"):
         after = httpx.get(url + "/metrics").text
         batches = metric_delta(before, after, "bert_batch_sequences_count")
@@ -110,9 +115,36 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
         row.graphed = graphed / batches if batches else None
         real = metric_delta(before, after, "bert_tokens_real_total")
         row.graph_padding = metric_delta(before, after, "bert_graph_padding_rows_total") / real if graphed and real else None
-        waits = metric_delta(before, after, "bert_queue_time_seconds_count")
-        row.queue_ms = 1000 * metric_delta(before, after, "bert_queue_time_seconds_sum") / waits if waits else None
+        row.queue_ms, row.server_ms, row.engine_round_trip_ms, row.interpreter_lag_ms = (
+            mean_ms(before, after, name) for name in (
+                "bert_queue_time_seconds", "bert_request_duration_seconds", "bert_engine_round_trip_seconds",
+                "bert_engine_interpreter_lag_seconds"))
     return row
+
+
+def mean_ms(before: str, after: str, histogram: str) -> float | None:
+    """A Prometheus histogram's mean between two /metrics texts, in ms (None with no observations)."""
+    count = metric_delta(before, after, histogram + "_count")
+    return 1000 * metric_delta(before, after, histogram + "_sum") / count if count else None
+
+
+class ServerCpu:
+    """The CPU our service's processes have used since this reading: its engine process thread by thread (the whole
+    server where it is one process), its front ends together."""
+
+    def __init__(self, root: int):
+        pids = process_tree(root)
+        self.engine = engine_process(pids) or root
+        self.threads = thread_cpu(self.engine)
+        self.front_ends = front_ends(pids)
+        self.front_end_cpu = cpu_seconds(list(self.front_ends))
+
+    def since(self, seconds: float) -> tuple[float, str, float | None]:
+        """(the engine process's cores, its busiest threads, the front ends' cores in all) over `seconds`."""
+        cores, busiest = busiest_threads(self.threads, thread_cpu(self.engine), seconds)
+        now = cpu_seconds(list(self.front_ends))  # a front end that ended (restarted) took its share along
+        front = sum(now[pid] - self.front_end_cpu.get(pid, 0.0) for pid in now) / seconds if self.front_ends else None
+        return cores, busiest, front
 
 
 def system_dtype(system: str) -> str:
@@ -258,7 +290,8 @@ def main(argv=None) -> int:
         try:
             for number, (concurrency, per_request) in enumerate(system_loads):
                 row = measure_http(system, url, texts, concurrency, args.duration, token_counts,
-                                   request, per_request, args.client_processes, warm_up=number == 0)
+                                   request, per_request, args.client_processes, warm_up=number == 0,
+                                   server_pid=process.pid)
                 row.vs_limit = row.sequences_per_s / limits[system_dtype(system)].sequences_per_s
                 rows.append(row)
                 print(f"  {system:16s} c={concurrency:<4d} x{per_request:<3d} {row.sequences_per_s:8.1f} seq/s  "

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.serving.load import drive_processes
-from bench.serving.server_cpu import cpu_seconds, process_tree
+from bench.serving.process_cpu import cpu_seconds, process_tree
 from bench.serving.throughput import sentences
 from devkit.paths import REPO_ROOT
 from devkit.server import free_port, start

@@ -16,6 +16,7 @@ from model.checkpoint_files import load_config
 from model.device import pick_device
 from service.engine.batcher import Batcher
 from service.engine.device_runners import DeviceRunners
+from service.engine.interpreter_lag import InterpreterLag
 from service.engine.loader import AUTO_BATCH_SIZE_CPU, StartedEngine, StartupError, start_engine
 from service.engine.memory_check import check_fits, free_memory, model_need
 from service.messages import ModelFacts
@@ -38,10 +39,11 @@ class ServedEngine:
 class EngineModels:
     """The engine's models by name, the default first."""
 
-    def __init__(self, served: list[ServedEngine], device: DeviceRunners):
+    def __init__(self, served: list[ServedEngine], device: DeviceRunners, lag: InterpreterLag | None = None):
         self.served = {s.spec.name: s for s in served}
         self.default = served[0].spec.name
         self.device = device
+        self.lag = lag
 
     def batcher(self, name: str) -> Batcher | None:
         """The batcher of the model `name` ("" = the default), None if no model has that name."""
@@ -65,6 +67,8 @@ class EngineModels:
         for served in self.served.values():
             served.batcher.stop(timeout)
         self.device.join(timeout)
+        if self.lag is not None:
+            self.lag.stop()
 
 
 def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None = None,
@@ -92,11 +96,13 @@ def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None 
     for one in served:
         one.batcher.start()
     device.start()
+    lag = InterpreterLag(metrics.interpreter_lag.observe)
+    lag.start()
     if len(served) > 1:
         log.info("serving %d models on one device: %s (default %s)", len(served),
                  ", ".join(f"{s.spec.name} ({s.facts.dtype}, weight {s.spec.weight:g})" for s in served),
                  served[0].spec.name)
-    return EngineModels(served, device)
+    return EngineModels(served, device, lag)
 
 
 def express_lane(settings, started: StartedEngine, models: int) -> bool:

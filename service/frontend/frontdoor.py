@@ -286,6 +286,7 @@ class FrontDoor:
         stop_watching = gone(on_gone) if gone is not None else None
         try:
             results = await pending.result  # a failed item has already cancelled the rest of the request
+            self.metrics.engine_round_trip.observe(time.monotonic() - submitted)
             if record is not None:
                 record.computed_by(items, submitted, pending.timing())
             return results

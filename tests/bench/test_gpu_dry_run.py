@@ -52,12 +52,13 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     for row in rows:  # where a service row's time went, from its /metrics
         if row["system"].startswith("service"):
             assert row["batch_ms"] > 0 and row["engine_busy"] > 0 and row["queue_ms"] >= 0, row
+            assert row["interpreter_lag_ms"] >= 0 and row["engine_cores"] > 0, row
     report = (tmp_path / "gpu-summary.md").read_text()
     for machine_path in (str(REPO_ROOT), str(tmp_path), sys.prefix + "/"):  # summaries go into docs/gpu-runs/
         assert machine_path not in text and machine_path not in report, machine_path
     for line in ("GPU-marked tests", "bundled model: limit (in-process)", "BERT-base shape: ", "load generator",
                  "training (bert-base)", "training (bert-base-no-graphs)", "make train-default", "training profile",
-                 "engine.run",
+                 "engine.run", "interpreter lag",
                  "in-process sequences/s by batch size"):
         assert line in report, line
 

@@ -29,6 +29,12 @@ def test_serving_benchmark_runs_every_system(tiny_checkpoint, tmp_path):
         assert row["requests"] > 0 and row["sequences_per_s"] > 0 and row["tokens_per_s"] > 0
     service = [r for r in rows if r["system"] == "service"]
     assert all(r["mean_batch"] >= 1 and 0 <= r["padding"] < 1 and r["vs_limit"] > 0 for r in service)
+    # the host side: the engine's interpreter lag (a reading every 10 ms), its process's cores and busiest threads
+    assert all(r["interpreter_lag_ms"] >= 0 and r["engine_cores"] > 0 for r in service)
+    assert "bert-runner-" in service[-1]["engine_threads"], service[-1]
+    # a request's time nests: its queue wait inside the engine's round trip, that inside the front end's view of it
+    assert all(0 <= r["queue_ms"] <= r["engine_round_trip_ms"] <= r["server_ms"] for r in service), service
+    assert all(r["interpreter_lag_ms"] is None and r["engine_cores"] is None for r in rows if r["system"] == "naive")
     assert "| system | concurrency |" in result.stdout
 
 

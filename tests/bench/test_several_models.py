@@ -22,7 +22,9 @@ def test_every_row_runs_and_each_target_is_stated(tmp_path):
     assert all(value > 100 for value in figures["alone_rss_mib"].values())  # three real servers were measured
     together = figures["together"]
     assert together["embed_per_s"] > 0 and together["rerank_requests"] > 0 and 0 < together["rerank_device_share"] < 1
+    assert together["interpreter_lag_ms"] >= 0 and figures["two_servers"]["interpreter_lag_ms"] is None
     assert figures["two_servers"]["embed_per_s"] > 0
     verdicts = "\n".join(figures["verdicts"])
-    for words in ("memory:", "reranker p99 while the embedder is flooded", "embedder:", "against two servers"):
+    for words in ("memory:", "reranker p99 while the embedder is flooded", "interpreter lag", "embedder:",
+                  "against two servers"):
         assert words in verdicts
