@@ -82,7 +82,7 @@ class Metrics:
                                      ["model"], registry=r)
         self.interpreter_lag = Histogram("bert_engine_interpreter_lag_seconds",
                                          "How late a thread of the engine that asks for the Python interpreter every "
-                                         "10 ms gets it: tens of us while the engine's host work has time to spare, "
+                                         "10 ms gets it: about 0.1 ms while the engine's host work has time to spare, "
                                          "ms when its threads queue for the GIL (service/engine/interpreter_lag.py).",
                                          buckets=LAG_BUCKETS, registry=r)
         self._views: dict[str, ModelMetrics] = {}

@@ -9,7 +9,7 @@ one core, each waits for the others at every turn (a runner whose batch is done 
 before it can read it), the device idles, and neither the device's busy share nor any one thread's CPU says why.
 
 A probe thread asks for the lock every PROBE_S and records how late it gets it (`bert_engine_interpreter_lag_seconds`):
-tens of microseconds (the operating system's wake-up) while the interpreter has time to spare; up to the switch
+about 0.1 ms (the operating system's wake-up and timer slack) while the interpreter has time to spare; up to the switch
 interval (5 ms: `sys.getswitchinterval()`, after which a waiting thread makes the holder let go) when the threads
 queue for it. In the one-process server (`--workers 0`) the HTTP event loop shares the interpreter, and the figure
 counts its work too. The probe's own cost: one wake-up per PROBE_S, a few microseconds.
