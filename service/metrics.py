@@ -9,6 +9,8 @@ sees one server whichever front end answers it.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
+from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
@@ -18,6 +20,25 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+
+
+def observe_all(histogram, amounts: list[float]) -> None:
+    """`histogram.observe(amount)` for each of `amounts` (a Histogram or a labelled child), with one lock taken for
+    the sum and one per bucket touched instead of two per amount: the engine observes each input's queue time, and
+    one by one that was a tenth of its host work per input over a device that costs it nothing
+    (bench.serving.engine_pipeline). Reads prometheus_client's own values (`_sum`, `_buckets`, `_upper_bounds`, as
+    its `observe` does, in the pinned 0.26); where they are not there, observes one by one."""
+    bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    if not amounts:
+        return
+    total.inc(sum(amounts))
+    # the first bucket whose bound is at least the amount, as `observe` counts it (the last bound is +Inf)
+    for index, count in Tally(bisect_left(bounds, amount) for amount in amounts).items():
+        buckets[index].inc(count)
 
 
 class Metrics:

@@ -37,7 +37,7 @@ from service.engine.device_runners import DeviceRunners
 from service.engine.threads import name_os_thread
 from service.engine.tickets import Entry, LaunchedBatch, Sink, Ticket, note_batch
 from service.errors import ServiceError
-from service.metrics import Metrics
+from service.metrics import Metrics, observe_all
 
 log = logging.getLogger("service")
 
@@ -305,8 +305,7 @@ class Batcher:
                 return [], None
             batch = self.engine.collate([e.item for e in alive])
         now = time.monotonic()
-        for entry in alive:
-            self.metrics.queue_seconds.observe(now - entry.enqueued_at)
+        observe_all(self.metrics.queue_seconds, [now - entry.enqueued_at for entry in alive])
         return alive, batch
 
     def run_batch(self, chosen: list[Entry], batch: PreparedBatch) -> Callable[[], None] | None:

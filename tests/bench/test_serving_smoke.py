@@ -133,3 +133,16 @@ def test_server_cpu_reports_the_median_round_and_the_range():
     assert lines[3].startswith("| floor | 8 | 9,000 | 0.05 |")
     assert lines[4].startswith("| 2 | 8 | 2,000 | 1.00 | 0.125 | 0.062 |")  # the front ends' share, apart
     assert "range" not in table(rows[:1], rounds=1)
+
+
+def test_engine_pipeline_over_a_stand_in_device(tiny_checkpoint):
+    """The real batcher and runner over a device that sleeps: every round answers, the device's share and the
+    rate against it stay within what the stand-in device can do."""
+    from bench.serving.engine_pipeline import DeviceModel, measure
+
+    device = DeviceModel(launch_us=50, batch_ms=0.5, sentence_us=10)
+    found = measure(tiny_checkpoint, device, clients=8, per_request=4, outside_ms=1.0, seconds=1.0, batch_size=32)
+    assert found.sentences_per_s > 0 and 0 < found.device_busy <= 1.05
+    assert 0 < found.vs_device <= 1.05  # the device's own rate at full batches bounds it
+    assert found.mean_batch >= 1 and found.queue_ms >= 0 and found.batch_ms >= device.batch_ms * 0.9
+    assert found.interpreter_lag_ms >= 0

@@ -1,0 +1,244 @@
+"""The engine's own pipeline against a device that costs the host nothing: how much of a GPU's rate the engine's
+Python lets through, measured on any CPU.
+
+On a GPU a small model's batch is one graph replay, and everything around it is the engine process's host work, on
+one interpreter (service/engine/interpreter_lag.py): the batcher taking each request's inputs, the preparer choosing
+and collating batches, the runner launching them and building their results, the tickets, the replies encoded for
+the front ends. Here the real `Batcher`, runner and collation (the checkpoint's own engine) run over a stand-in
+device: a launch costs `--launch-us` of host Python (a graph replay's calls), then the device computes for
+`--batch-ms` plus `--sentence-us` per input on a thread of its own that holds no interpreter while it does (the
+defaults are the bundled model on an H200: 0.81 ms for 128 sentences, 1.31 ms for 256, in-process, BENCHMARKS.md),
+and a finished batch's results are one pooled vector per input. Closed-loop clients send requests of
+`--per-request` inputs and send again `--outside-ms` after each answer (the front end, the hop between processes, HTTP
+and the client, which this leaves out). The figure is the sentences/s against the device's own rate at batches of
+`--batch-size`; the engine's metrics say where the rest went.
+
+    python -m bench.serving.engine_pipeline [--checkpoint DIR] [--outside-ms 3] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.serving.throughput import metric, sentences
+from devkit.paths import checkpoint_argument
+from service.engine.batcher import Batcher, BatchPolicy
+from service.engine.interpreter_lag import InterpreterLag
+from service.engine.loader import build_engine
+from service.engine.precision import choose
+from service.engine.tickets import Ticket
+from service.messages import Done, encode
+from service.metrics import Metrics
+from service.settings import DEFAULT_CHECKPOINT
+from service.tasks import EncodeItem, PooledVector
+
+
+@dataclass
+class DeviceModel:
+    """What the stand-in device costs: host Python per launch; device time per batch and per input."""
+
+    launch_us: float = 150.0
+    batch_ms: float = 0.31
+    sentence_us: float = 3.9
+
+    def seconds(self, inputs: int) -> float:
+        return self.batch_ms / 1e3 + self.sentence_us / 1e6 * inputs
+
+
+class StandInGpu:
+    """An engine whose launch returns while its device computes: the checkpoint's own collation, a launch that
+    spends `launch_us` of Python, a device thread that sleeps for the batch's time (no interpreter held), results of
+    one pooled vector per input."""
+
+    overlaps = True
+    pads_attention = False  # as on a GPU in bfloat16: batches are not priced
+
+    def __init__(self, engine, device: DeviceModel, width: int):
+        self.engine = engine
+        self.model = device
+        self.device = ThreadPoolExecutor(1, thread_name_prefix="stand-in-device")
+        self.vector = np.random.default_rng(0).standard_normal(width).astype(np.float32)
+        self.busy_s = 0.0
+
+    def collate(self, items):
+        return self.engine.collate(items)
+
+    def flops(self, *args):
+        return self.engine.flops(*args)
+
+    def launch(self, batch):
+        end = time.perf_counter() + self.model.launch_us / 1e6
+        while time.perf_counter() < end:  # Python held, as a replay's calls hold it
+            pass
+        return self.device.submit(self._compute, batch.size), batch.size
+
+    def _compute(self, inputs: int) -> None:
+        seconds = self.model.seconds(inputs)
+        time.sleep(seconds)
+        self.busy_s += seconds
+
+    def finish(self, work):
+        done, inputs = work
+        done.result()
+        return [PooledVector(self.vector) for _ in range(inputs)]
+
+    def run(self, batch):
+        return self.finish(self.launch(batch))
+
+    def release_cached_memory(self) -> None:
+        return
+
+    @staticmethod
+    def is_out_of_memory(exc: BaseException) -> bool:
+        return False
+
+
+@dataclass
+class Round:
+    sentences_per_s: float
+    vs_device: float  # over the device's own rate at batches of --batch-size
+    device_busy: float  # the share of the time the stand-in device computed
+    round_trip_p50_ms: float  # a request's, handed to the batcher to its reply encoded
+    queue_ms: float  # an input's mean wait before its batch (bert_queue_time_seconds)
+    batch_ms: float  # a batch's mean launch to results (bert_inference_seconds)
+    mean_batch: float
+    interpreter_lag_ms: float  # the probe's mean wait for the interpreter (service/engine/interpreter_lag.py)
+
+
+class Clients:
+    """Closed-loop clients as the engine sees them: each request's inputs handed to the batcher; its reply encoded
+    as the engine process sends it; the same client's next request `outside_s` later."""
+
+    def __init__(self, batcher: Batcher, items: list, clients: int, per_request: int, outside_s: float):
+        self.batcher, self.items, self.per_request, self.outside_s = batcher, items, per_request, outside_s
+        self.lock = threading.Condition()
+        self.due: list[tuple[float, int]] = []  # (when, client): the next requests to send
+        self.sent_at: dict[int, float] = {}
+        self.round_trips: list[float] = []
+        self.answered = 0  # inputs
+        self.number = 0
+        for client in range(clients):
+            self.due.append((0.0, client))
+
+    def deliver(self, tickets: list[Ticket]) -> None:  # the batcher's Sink, on the runner's thread
+        for ticket in tickets:
+            encode(Done(ticket.tag[1], ticket.results))
+        now = time.perf_counter()
+        with self.lock:
+            for ticket in tickets:
+                self.round_trips.append(now - self.sent_at.pop(ticket.tag))
+                self.answered += ticket.size
+                heapq.heappush(self.due, (now + self.outside_s, ticket.tag[0]))
+            self.lock.notify()
+
+    def send_until(self, end: float) -> None:
+        while time.perf_counter() < end:
+            with self.lock:
+                now = time.perf_counter()
+                ready = []
+                while self.due and self.due[0][0] <= now:
+                    ready.append(heapq.heappop(self.due)[1])
+                if not ready:
+                    self.lock.wait(min(0.01, max(1e-4, self.due[0][0] - now)) if self.due else 0.01)
+                    continue
+            for client in ready:
+                self.number += 1
+                first = self.number * self.per_request
+                chosen = [self.items[(first + i) % len(self.items)] for i in range(self.per_request)]
+                tag = (client, self.number)
+                self.sent_at[tag] = time.perf_counter()
+                self.batcher.submit(chosen, Ticket(time.monotonic() + 60, len(chosen), self, tag))
+
+
+def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: int, outside_ms: float, seconds: float,
+            batch_size: int) -> Round:
+    from model import load_checkpoint
+
+    loaded = load_checkpoint(checkpoint)
+    cpu = torch.device("cpu")
+    engine = StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), device, loaded.model.config.hidden_size)
+    texts = sentences(2000, None, None)
+    items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True) for e in loaded.tokenizer.encode_batch(texts)]
+    metrics = Metrics()
+    batcher = Batcher(engine, BatchPolicy(16384, batch_size, max_padding_fraction=0.10), metrics)
+    lag = InterpreterLag(metrics.interpreter_lag.observe)
+    batcher.start()
+    lag.start()
+    try:
+        load = Clients(batcher, items, clients, per_request, outside_ms / 1000)
+        load.send_until(time.perf_counter() + min(2.0, seconds / 3))  # warm-up
+        before, busy, answered = metrics.render().decode(), engine.busy_s, load.answered
+        load.round_trips.clear()
+        started = time.perf_counter()
+        load.send_until(started + seconds)
+        elapsed = time.perf_counter() - started
+        after, busy, answered = metrics.render().decode(), engine.busy_s - busy, load.answered - answered
+    finally:
+        batcher.stop(10)
+        lag.stop()
+
+    def mean(name: str) -> float:
+        count = metric(after, name + "_count") - metric(before, name + "_count")
+        return (metric(after, name + "_sum") - metric(before, name + "_sum")) / count if count else float("nan")
+
+    rate = answered / elapsed
+    return Round(rate, rate / (batch_size / device.seconds(batch_size)), busy / elapsed,
+                 1000 * statistics.median(load.round_trips), 1000 * mean("bert_queue_time_seconds"),
+                 1000 * mean("bert_inference_seconds"), mean("bert_batch_sequences"),
+                 1000 * mean("bert_engine_interpreter_lag_seconds"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.serving.engine_pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=checkpoint_argument, default=DEFAULT_CHECKPOINT)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--per-request", type=int, default=8)
+    parser.add_argument("--outside-ms", type=float, default=3.0,
+                        help="from an answer to the same client's next request (default 3)")
+    parser.add_argument("--launch-us", type=float, default=DeviceModel.launch_us)
+    parser.add_argument("--batch-ms", type=float, default=DeviceModel.batch_ms)
+    parser.add_argument("--sentence-us", type=float, default=DeviceModel.sentence_us)
+    parser.add_argument("--batch-size", type=int, default=256, help="the batcher's largest batch (a GPU's default)")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    device = DeviceModel(args.launch_us, args.batch_ms, args.sentence_us)
+    rounds = []
+    for number in range(args.rounds):
+        rounds.append(measure(args.checkpoint, device, args.clients, args.per_request, args.outside_ms, args.seconds,
+                              args.batch_size))
+        print(f"round {number + 1}: {rounds[-1]}", file=sys.stderr, flush=True)
+    best = max(rounds, key=lambda r: r.sentences_per_s)
+    print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.clients} clients x "
+          f"{args.per_request}, {args.outside_ms:g} ms outside the engine; the stand-in device: {device}\n")
+    print("| round | sentences/s | x the device's rate | device busy | round trip p50 ms | queue ms | batch ms | "
+          "mean batch | interpreter lag ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for number, r in enumerate(rounds, 1):
+        print(f"| {number}{' (best)' if r is best else ''} | {r.sentences_per_s:,.0f} | {r.vs_device:.2f} | "
+              f"{r.device_busy:.0%} | {r.round_trip_p50_ms:.2f} | {r.queue_ms:.2f} | {r.batch_ms:.2f} | "
+              f"{r.mean_batch:.1f} | {r.interpreter_lag_ms:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rounds], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
