@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.serving.throughput import metric, sentences
+from bench.serving.throughput import mean_ms, sentences
 from devkit.paths import checkpoint_argument
 from service.engine.batcher import Batcher, BatchPolicy
 from service.engine.interpreter_lag import InterpreterLag
@@ -192,8 +192,8 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
         lag.stop()
 
     def mean(name: str) -> float:
-        count = metric(after, name + "_count") - metric(before, name + "_count")
-        return (metric(after, name + "_sum") - metric(before, name + "_sum")) / count if count else float("nan")
+        found = mean_ms(before, after, name)
+        return found / 1000 if found is not None else float("nan")
 
     rate = answered / elapsed
     return Round(rate, rate / (batch_size / device.seconds(batch_size)), busy / elapsed,

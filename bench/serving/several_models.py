@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.serving.load import drive, drive_processes, request_maker
-from bench.serving.throughput import metric
+from bench.serving.throughput import mean_ms
 from devkit.paths import WIKITEXT_TEST, minilm_dir
 from devkit.server import free_port, serving
 from service.settings import DEFAULT_CHECKPOINT
@@ -119,17 +119,15 @@ def ours(models: dict[str, Path], port: int, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "service", *checkpoints, "--port", str(port), *extra]
 
 
-def device_use_by_model(url: str) -> dict[str, dict[str, float]]:
-    """Each model's tokens computed and engine seconds so far, and the engine's interpreter-lag probe's readings and
-    their sum (from /metrics)."""
+def device_use_by_model(url: str) -> dict:
+    """Each model's tokens computed and engine seconds so far (from /metrics), and the text they were read from."""
     import httpx
 
     text = httpx.get(url + "/metrics", timeout=30).text
     found = {series: {model: float(value) for model, value in re.findall(
         rf'^{metric_name}\{{model="([^"]+)"\}} (\S+)$', text, re.M)}
         for series, metric_name in (("tokens", "bert_tokens_real_total"), ("seconds", "bert_inference_seconds_sum"))}
-    found["lag"] = {"sum": metric(text, "bert_engine_interpreter_lag_seconds_sum"),
-                    "count": metric(text, "bert_engine_interpreter_lag_seconds_count")}
+    found["text"] = text
     return found
 
 
@@ -170,12 +168,7 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
                  len(latencies) if latencies is not None else 0,
                  rerank_share(before, after, "tokens") if after else None,
                  rerank_share(before, after, "seconds") if after else None,
-                 mean_lag_ms(before, after) if after else None)
-
-
-def mean_lag_ms(before: dict, after: dict) -> float | None:
-    probes = after["lag"]["count"] - before["lag"]["count"]
-    return 1000 * (after["lag"]["sum"] - before["lag"]["sum"]) / probes if probes else None
+                 mean_ms(before["text"], after["text"], "bert_engine_interpreter_lag_seconds") if after else None)
 
 
 def measure(args, work: Path) -> dict:
