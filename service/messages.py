@@ -3,7 +3,8 @@
 `service.tasks` holds the work items and their results; this module adds the envelopes around them,
 their wire form, and the channel that carries them. Messages are plain dataclasses; on the wire each
 is a one-entry msgpack map from its type tag to its fields, and a numpy array one holding its dtype,
-shape and raw bytes (no pickle: nothing on the wire can name code to run).
+shape and raw bytes (a request's token ids go as two such arrays, an embedding request's vectors as one); no
+pickle: nothing on the wire can name code to run.
 
     HTTP front end  --Hello, Submit, Cancel--------------> engine   PUSH -> PULL: [identity, message, message, ...]
     HTTP front end  <--Status, Done, Failed, Heartbeat---  engine   PUB -> SUB:   [topic(identity), message, ...]
@@ -19,6 +20,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 
 import msgpack
 import numpy as np
@@ -42,6 +44,7 @@ from service.tasks import (
     SpanLogits,
     QaItem,
     TokenClassifyItem,
+    Tokens,
     TokenLogits,
     TokenVectors,
     WindowItem,
@@ -152,6 +155,12 @@ _TYPES = (Hello, Submit, Cancel, ModelFacts, Status, Done, Failed, EncodeItem, F
 _TAG = {cls: tag for tag, cls in enumerate(_TYPES)}
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _TYPES}
 _ARRAY = -1  # the map key of a numpy array: {-1: [dtype, shape, raw bytes]}
+_POOLED = -2  # a list of pooled vectors of one dtype and shape: {-2: [dtype, one vector's shape, all their bytes]}
+# A request's items, their token ids and type ids back to back in two int32 arrays and each item a plain list:
+# {-3: [ids' bytes, type ids' bytes, [[tag, tokens, type ids, its other fields...], ...]]}
+_ITEMS = -3
+_ITEM_TYPES = frozenset(cls for cls in _TYPES if issubclass(cls, Tokens))
+_ITEM_BY_TAG = {_TAG[cls]: cls for cls in _ITEM_TYPES}
 
 
 def _wire(value):
@@ -171,9 +180,54 @@ def _wire_field(value):
     cls = type(value)
     if cls in _TAG or cls is np.ndarray:
         return _wire(value)
-    if cls is list and value and (type(value[0]) in _TAG or type(value[0]) is np.ndarray):
-        return [_wire(v) for v in value]  # items or results (a list of token ids goes as it is)
+    if cls is list and value:
+        first = type(value[0])
+        if first is PooledVector and (stacked := _stacked_vectors(value)) is not None:
+            return stacked
+        if first in _ITEM_TYPES:
+            return _wire_items(value)
+        if first in _TAG or first is np.ndarray:
+            return [_wire(v) for v in value]  # items or results (a list of token ids goes as it is)
     return value
+
+
+def _stacked_vectors(results: list) -> dict | None:
+    """An embedding request's results (pooled vectors of one dtype and shape) as one array, or None for any other
+    list. The engine process encodes every reply on the threads that feed the device: eight vectors sent one by
+    one cost 13.7 µs there, stacked 4.5."""
+    vector = results[0].vector
+    dtype, shape = vector.dtype, vector.shape
+    if dtype.hasobject or not all(type(r) is PooledVector and r.vector.dtype == dtype and r.vector.shape == shape
+                                  for r in results):
+        return None
+    return {_POOLED: [dtype.str, shape, b"".join([r.vector.tobytes() for r in results])]}
+
+
+def _wire_items(items: list) -> dict:
+    """A request's items with their token ids in two arrays. The engine process reads every request on the thread
+    that also feeds the device, where a Python int per token, twice, cost more than the rest of the request (8
+    inputs of 30 tokens: 10.7 µs to decode as lists, 8.3 µs so); and a batch's ids are then joined in one call."""
+    if any(type(item) not in _ITEM_TYPES for item in items):
+        raise TypeError("cannot send a list that mixes items with other values")
+    ids = np.fromiter(chain.from_iterable(item.input_ids for item in items), dtype=np.int32)
+    types = np.fromiter(chain.from_iterable(item.token_type_ids for item in items), dtype=np.int32)
+    records = [[_TAG[type(item)], len(item.input_ids), len(item.token_type_ids),
+                *[_wire_field(getattr(item, name)) for name in _FIELDS[type(item)][2:]]] for item in items]
+    return {_ITEMS: [ids.tobytes(), types.tobytes(), records]}
+
+
+def _unwire_items(ids: bytes, types: bytes, records: list) -> list:
+    """The items of `_wire_items`. Their token ids and type ids are slices of one int32 memoryview each (a slice of
+    a memoryview costs a third of a numpy array's), which the engine's collation joins as bytes."""
+    ids_read, types_read = memoryview(ids).cast("i"), memoryview(types).cast("i")
+    if sum(record[1] for record in records) != len(ids_read) or sum(r[2] for r in records) != len(types_read):
+        raise ValueError("the items' token counts do not add up to their tokens")
+    items, at, types_at = [], 0, 0
+    for tag, count, type_count, *fields in records:  # a tag of no item: KeyError, which decode refuses
+        item_ids, item_types = ids_read[at : at + count], types_read[types_at : types_at + type_count]
+        items.append(_ITEM_BY_TAG[tag](item_ids, item_types, *fields))
+        at, types_at = at + count, types_at + type_count
+    return items
 
 
 def _unwire(value):
@@ -182,6 +236,11 @@ def _unwire(value):
     if tag == _ARRAY:
         dtype, shape, data = fields
         return np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)  # an object dtype refuses raw bytes
+    if tag == _POOLED:
+        dtype, shape, data = fields
+        return [PooledVector(row) for row in np.frombuffer(data, dtype=np.dtype(dtype)).reshape((-1, *shape))]
+    if tag == _ITEMS:
+        return _unwire_items(*fields)
     return _TYPES[tag](*fields)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections import Counter as Tally
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
@@ -37,7 +38,7 @@ def observe_all(histogram, amounts: list[float]) -> None:
         return
     total.inc(sum(amounts))
     # the first bucket whose bound is at least the amount, as `observe` counts it (the last bound is +Inf)
-    for index, count in Tally(bisect_left(bounds, amount) for amount in amounts).items():
+    for index, count in Tally(map(partial(bisect_left, bounds), amounts)).items():
         buckets[index].inc(count)
 
 

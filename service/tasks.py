@@ -18,6 +18,8 @@ Pooling = Literal["none", "cls", "mean"]
 class Tokens:
     """One tokenized input: [CLS] a [SEP] (b [SEP])."""
 
+    # Lists where the items are made; read off the wire (service.messages) in the engine process, int32 memoryviews
+    # of the request's one buffer, which index, iterate and measure as the lists do.
     input_ids: list[int]
     token_type_ids: list[int]
 

@@ -41,7 +41,8 @@ from service.engine.interpreter_lag import InterpreterLag
 from service.engine.loader import build_engine
 from service.engine.precision import choose
 from service.engine.tickets import Ticket
-from service.messages import Done, encode
+from service.memory import freeze_loaded_objects
+from service.messages import Done, Submit, decode, encode
 from service.metrics import Metrics
 from service.settings import DEFAULT_CHECKPOINT
 from service.tasks import EncodeItem, PooledVector
@@ -120,11 +121,16 @@ class Round:
 
 
 class Clients:
-    """Closed-loop clients as the engine sees them: each request's inputs handed to the batcher; its reply encoded
-    as the engine process sends it; the same client's next request `outside_s` later."""
+    """Closed-loop clients as the engine sees them: each request read off the wire (a front end's encoded Submit,
+    decoded as the engine process's reader decodes it) and its inputs handed to the batcher; its reply encoded as
+    the engine process sends it; the same client's next request `outside_s` later."""
 
     def __init__(self, batcher: Batcher, items: list, clients: int, per_request: int, outside_s: float):
-        self.batcher, self.items, self.per_request, self.outside_s = batcher, items, per_request, outside_s
+        self.batcher, self.per_request, self.outside_s = batcher, per_request, outside_s
+        # what front ends send: every request's Submit, encoded before the clock starts
+        far = time.monotonic() + 3600
+        self.frames = [encode(Submit(0, [items[(first + i) % len(items)] for i in range(per_request)], far))
+                       for first in range(0, len(items), per_request)]
         self.lock = threading.Condition()
         self.due: list[tuple[float, int]] = []  # (when, client): the next requests to send
         self.sent_at: dict[int, float] = {}
@@ -157,11 +163,10 @@ class Clients:
                     continue
             for client in ready:
                 self.number += 1
-                first = self.number * self.per_request
-                chosen = [self.items[(first + i) % len(self.items)] for i in range(self.per_request)]
                 tag = (client, self.number)
                 self.sent_at[tag] = time.perf_counter()
-                self.batcher.submit(chosen, Ticket(time.monotonic() + 60, len(chosen), self, tag))
+                message = decode(self.frames[self.number % len(self.frames)])
+                self.batcher.submit(message.items, Ticket(message.deadline, len(message.items), self, tag))
 
 
 def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: int, outside_ms: float, seconds: float,
@@ -173,6 +178,7 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     engine = StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), device, loaded.model.config.hidden_size)
     texts = sentences(2000, None, None)
     items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True) for e in loaded.tokenizer.encode_batch(texts)]
+    freeze_loaded_objects()  # as the engine process does once its models are loaded
     metrics = Metrics()
     batcher = Batcher(engine, BatchPolicy(16384, batch_size, max_padding_fraction=0.10), metrics)
     lag = InterpreterLag(metrics.interpreter_lag.observe)

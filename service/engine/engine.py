@@ -48,6 +48,7 @@ class Batch:
     token_type_ids: torch.Tensor  # (N,)
     packing: Packing
     items: list[Item]
+    real_tokens: int  # N (read several times a batch: an int, not len() of the tensor at a microsecond each)
     flops: float  # the encoder's FLOPs for this batch
     padding_flops: float  # ... of which attention spends on padding
     staged: torch.Tensor | None = None  # every input in one int32 buffer laid out for a CUDA graph's bucket
@@ -56,10 +57,6 @@ class Batch:
     @property
     def size(self) -> int:
         return len(self.items)
-
-    @property
-    def real_tokens(self) -> int:
-        return len(self.input_ids)
 
     @property
     def graph_rows(self) -> int:
@@ -139,24 +136,25 @@ class Engine:
         return packed_batch_flops(self.model.config, count, longest, real, real_squares, per_sequence, layers)
 
     def collate(self, items: list[Item]) -> Batch:
-        # np.fromiter over the chained lists: a quarter of the cost of torch.tensor on a flattened list.
-        ids = torch.from_numpy(np.fromiter(chain.from_iterable(i.input_ids for i in items), dtype=np.int64))
-        types = torch.from_numpy(np.fromiter(chain.from_iterable(i.token_type_ids for i in items), dtype=np.int64))
         lengths = [len(item) for item in items]
+        real = sum(lengths)
+        ids = torch.from_numpy(_joined([i.input_ids for i in items]))
+        types = torch.from_numpy(_joined([i.token_type_ids for i in items]))
         keys = _attended(items)
-        spare_rows = rows_to_compute(len(ids)) - len(ids) if self.rounds_rows else 0
+        spare_rows = rows_to_compute(real) - real if self.rounds_rows else 0
         packing = Packing.from_lengths(lengths, keys, spare_rows)
-        flops, padding = self.flops(len(items), max(lengths), sum(lengths), sum(n * n for n in lengths),
-                                    None if self._runs_heads(items) else self.model.config.served_embedding_layer)
+        runs_heads = self._runs_heads(items)
+        flops, padding = self.flops(len(items), max(lengths), real, sum(n * n for n in lengths),
+                                    None if runs_heads else self.model.config.served_embedding_layer)
         # The graphs attend each sequence to all of itself: a batch where some do not runs op by op.
-        layout = self.graphs.layout_for(len(ids), len(items), self._runs_heads(items)) \
+        layout = self.graphs.layout_for(real, len(items), runs_heads) \
             if self.graphs is not None and keys is None else None
         if layout is not None:  # one page-locked buffer, one copy to the device
             staged = stage(ids.numpy(), types.numpy(), packing, layout, pin=self.device.type == "cuda")
-            return Batch(ids, types, packing, items, flops, padding, staged, layout)
+            return Batch(ids, types, packing, items, real, flops, padding, staged, layout)
         if self.device.type == "cuda":  # page-locked memory: the copy overlaps with the host
             ids, types = ids.pin_memory(), types.pin_memory()
-        return Batch(ids, types, packing, items, flops, padding)
+        return Batch(ids, types, packing, items, real, flops, padding)
 
     def use_graphs(self, graphs: EncoderGraphs | None) -> None:
         """Run the batches that fit `graphs` through them from now on (None: every batch eagerly). Batches
@@ -239,6 +237,16 @@ class Engine:
                                    LateInteractionItem(one, [0] * 3, kept=[0, 2])]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _joined(sequences: list) -> np.ndarray:
+    """(N,) int64: the items' token ids (or type ids) back to back. Items read off the wire carry int32 memoryviews
+    (service.messages), joined as bytes in one call (4 µs for 200 items, where going through their ints took 100);
+    lists (items made in this process) go through np.fromiter over the chained lists, a quarter of the cost of
+    torch.tensor on a flattened list."""
+    if sequences and all(type(s) is memoryview for s in sequences):
+        return np.frombuffer(b"".join(sequences), dtype=np.int32).astype(np.int64)
+    return np.fromiter(chain.from_iterable(sequences), dtype=np.int64)
 
 
 def _attended(items: list[Item]) -> list[int] | None:

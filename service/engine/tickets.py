@@ -76,16 +76,22 @@ class LaunchedBatch:
     queue: Any = None  # the model's Batcher it came from, which finishes it
 
 
-@dataclass(eq=False)  # entries are compared by identity: equal items of two requests are two entries
 class Entry:
-    item: Any  # anything with len() = its tokens
-    ticket: Ticket
-    index: int  # the input's place in its request
-    enqueued_at: float = field(default_factory=time.monotonic)
-    length: int = field(init=False)  # tokens; read many times while the entry waits
+    """One input of a request in its model's queue. Compared by identity: equal items of two requests are two entries.
+    A plain class with slots, not a dataclass: the engine makes one per input on the thread that reads the front ends'
+    requests, and this makes it in half the time."""
 
-    def __post_init__(self) -> None:
-        self.length = len(self.item)
+    __slots__ = ("item", "ticket", "index", "enqueued_at", "length")
+
+    def __init__(self, item: Any, ticket: Ticket, index: int, enqueued_at: float | None = None):
+        self.item = item  # anything with len() = its tokens
+        self.ticket = ticket
+        self.index = index  # the input's place in its request
+        self.enqueued_at = time.monotonic() if enqueued_at is None else enqueued_at
+        self.length = len(item)  # tokens; read many times while the entry waits
+
+    def __repr__(self) -> str:
+        return f"Entry({self.length} tokens, input {self.index} of {self.ticket.tag!r})"
 
 
 def note_batch(entries: list[Entry], batch: PreparedBatch, seconds: float, metrics, lock) -> None:

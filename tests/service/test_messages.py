@@ -63,8 +63,11 @@ MESSAGES = [
 
 
 def _same(a, b) -> None:
-    """Equal values, and numpy arrays equal in dtype, shape and contents."""
-    if isinstance(a, np.ndarray):
+    """Equal values, and numpy arrays equal in dtype, shape and contents; token ids read off the wire are int32
+    memoryviews (service.messages), equal to the lists sent."""
+    if isinstance(b, memoryview):
+        assert b.format == "i" and list(b) == a, (a, b)
+    elif isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, (a, b)
         np.testing.assert_array_equal(a, b)
     elif hasattr(a, "__dataclass_fields__"):
@@ -110,3 +113,50 @@ def test_a_frame_that_is_no_message_is_refused_with_a_value_error(frame):
 def test_something_the_wire_cannot_carry_is_refused_at_the_sender():
     with pytest.raises(TypeError, match="cannot send"):
         encode(Submit(1, [EncodeItem([1], [0], "mean", True)], object()))
+
+
+def test_an_embedding_requests_vectors_travel_as_one_array_and_come_back_as_vectors():
+    matrix = rng.standard_normal((9, 384)).astype(np.float32)
+    strided = rng.standard_normal((384, 2)).astype(np.float32)[:, 1]
+    sent = Done(6, [PooledVector(matrix[row]) for row in (0, 4, 8)] + [PooledVector(strided)])
+    frame = encode(sent)
+    (_, fields), = msgpack.unpackb(frame, strict_map_key=False).items()
+    (key, (dtype, shape, data)), = fields[1].items()  # the results: one stacked array, not four records
+    assert key == -2 and dtype == "<f4" and shape == [384] and len(data) == 4 * 384 * 4
+    received = decode(frame)
+    _same(sent, received)
+    assert [type(r) for r in received.results] == [PooledVector] * 4
+
+
+@pytest.mark.parametrize("results", [
+    [PooledVector(np.zeros(4, np.float32)), PooledVector(np.zeros(4, np.float16))],  # two dtypes
+    [PooledVector(np.zeros(4, np.float32)), PooledVector(np.zeros(5, np.float32))],  # two shapes
+    [PooledVector(np.zeros(4, np.float32)), ClassLogits(np.zeros(4, np.float32))],  # another kind of result
+], ids=["dtypes", "shapes", "kinds"])
+def test_results_that_do_not_stack_go_one_by_one_and_come_back_as_they_went(results):
+    sent = Done(7, results)
+    _same(sent, decode(encode(sent)))
+
+
+def test_a_requests_token_ids_travel_as_two_arrays_and_any_item_mix_comes_back():
+    items = [EncodeItem([101, 70000, 102], [0, 0, 0], "cls", False), NspItem([101, 5, 102, 6, 102], [0, 0, 0, 1, 1]),
+             FillMaskItem([101, 103, 102], [0, 0, 0], [1], 3, [7592, 2088]), EncodeItem([101, 102], [0, 0])]
+    frame = encode(Submit(8, items, 1.5, model="embed"))
+    (_, fields), = msgpack.unpackb(frame, strict_map_key=False).items()
+    (key, (ids, types, records)), = fields[1].items()
+    assert key == -3 and np.frombuffer(ids, np.int32).tolist() == [t for i in items for t in i.input_ids]
+    assert len(types) == 4 * 13 and [r[1:3] for r in records] == [[3, 3], [5, 5], [3, 3], [2, 2]]
+    received = decode(frame)
+    _same(Submit(8, items, 1.5, model="embed"), received)
+    assert [len(item) for item in received.items] == [3, 5, 3, 2]
+
+
+@pytest.mark.parametrize("frame", [
+    msgpack.packb({1: [3, {-3: [np.zeros(3, np.int32).tobytes(), np.zeros(3, np.int32).tobytes(), [[7, 4, 3, "cls",
+                                                                                                  False]]]}, 1.0]}),
+    msgpack.packb({1: [3, {-3: [np.zeros(3, np.int32).tobytes(), np.zeros(3, np.int32).tobytes(), [[13, 3, 3]]]},
+                       1.0]}),  # a result's tag where an item's goes
+])
+def test_items_whose_counts_or_tags_do_not_fit_are_refused_with_a_value_error(frame):
+    with pytest.raises(ValueError):
+        decode(frame)
