@@ -59,7 +59,7 @@ class Packing:
         key_mask = None
         if int(sizes.min()) != width or keys is not None:
             key_mask = torch.from_numpy((np.arange(width)[None, :] < attended[:, None])[:, None, None, :])
-        spans = tuple(zip(starts.tolist(), map(int, lengths)))
+        spans = tuple(zip(starts.tolist(), sizes.tolist()))
         cu_seqlens = np.concatenate(([0], ends)).astype(np.int32)
         restricted = {}
         if keys is not None:

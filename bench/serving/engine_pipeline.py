@@ -2,18 +2,23 @@
 Python lets through, measured on any CPU.
 
 On a GPU a small model's batch is one graph replay, and everything around it is the engine process's host work, on
-one interpreter (service/engine/interpreter_lag.py): the batcher taking each request's inputs, the preparer choosing
-and collating batches, the runner launching them and building their results, the tickets, the replies encoded for
-the front ends. Here the real `Batcher`, runner and collation (the checkpoint's own engine) run over a stand-in
-device: a launch costs `--launch-us` of host Python (a graph replay's calls), then the device computes for
-`--batch-ms` plus `--sentence-us` per input on a thread of its own that holds no interpreter while it does (the
-defaults are the bundled model on an H200: 0.81 ms for 128 sentences, 1.31 ms for 256, in-process, BENCHMARKS.md),
-and a finished batch's results are one pooled vector per input. Closed-loop clients send requests of
+one interpreter (service/engine/interpreter_lag.py): reading each request off the wire (a front end's Submit,
+encoded before the clock starts, decoded as the engine's reader decodes it), the batcher taking its inputs, the
+preparer choosing and collating batches, the runner launching them and building their results, the tickets, the
+replies encoded for the front ends. Here the real `Batcher`, runner and collation (the checkpoint's own engine) run
+over a stand-in device: a launch costs `--launch-us` of host Python (a graph replay's calls), then the device
+computes for `--batch-ms` plus `--sentence-us` per input on a thread of its own that holds no interpreter while it does
+(the defaults are the bundled model on an H200: 0.81 ms for 128 sentences, 1.31 ms for 256, in-process,
+BENCHMARKS.md), and a finished batch's results are one pooled vector per input. Closed-loop clients send requests of
 `--per-request` inputs and send again `--outside-ms` after each answer (the front end, the hop between processes, HTTP
 and the client, which this leaves out). The figure is the sentences/s against the device's own rate at batches of
-`--batch-size`; the engine's metrics say where the rest went.
+`--batch-size`; the engine's metrics say where the rest went. With `--quiet-rate R`, a second model on the same
+device and runner gets one client sending 16 inputs R times a second whatever the answers (a reranker beside a
+flooded embedder, bench.serving.several_models' load): its round trips' p50 and p99 say how long a quiet model's
+request waits behind the flood in the engine.
 
-    python -m bench.serving.engine_pipeline [--checkpoint DIR] [--outside-ms 3] [--rounds 3]
+    python -m bench.serving.engine_pipeline [--checkpoint DIR] [--clients 64] [--outside-ms 3] [--rounds 3]
+                                            [--quiet-rate 20] [--switch-interval-ms 5]
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 
 from bench.serving.throughput import mean_ms, sentences
 from devkit.paths import checkpoint_argument
-from service.engine.batcher import Batcher, BatchPolicy
+from service.engine.batcher import Batcher, BatchPolicy, DeviceRunners
 from service.engine.interpreter_lag import InterpreterLag
 from service.engine.loader import build_engine
 from service.engine.precision import choose
@@ -72,7 +77,7 @@ class StandInGpu:
         self.engine = engine
         self.model = device
         self.device = ThreadPoolExecutor(1, thread_name_prefix="stand-in-device")
-        self.vector = np.random.default_rng(0).standard_normal(width).astype(np.float32)
+        self.vectors = np.random.default_rng(0).standard_normal((4096, width)).astype(np.float32)  # the batch's output
         self.busy_s = 0.0
 
     def collate(self, items):
@@ -95,7 +100,7 @@ class StandInGpu:
     def finish(self, work):
         done, inputs = work
         done.result()
-        return [PooledVector(self.vector) for _ in range(inputs)]
+        return list(map(PooledVector, self.vectors[:inputs]))  # as the encode head's collector reads an embedding batch
 
     def run(self, batch):
         return self.finish(self.launch(batch))
@@ -118,6 +123,8 @@ class Round:
     batch_ms: float  # a batch's mean launch to results (bert_inference_seconds)
     mean_batch: float
     interpreter_lag_ms: float  # the probe's mean wait for the interpreter (service/engine/interpreter_lag.py)
+    quiet_p50_ms: float = float("nan")  # with --quiet-rate: the second model's requests' round trips
+    quiet_p99_ms: float = float("nan")
 
 
 class Clients:
@@ -125,12 +132,18 @@ class Clients:
     decoded as the engine process's reader decodes it) and its inputs handed to the batcher; its reply encoded as
     the engine process sends it; the same client's next request `outside_s` later."""
 
-    def __init__(self, batcher: Batcher, items: list, clients: int, per_request: int, outside_s: float):
+    QUIET = -1  # the client number of the second model's paced requests
+
+    def __init__(self, batcher: Batcher, items: list, clients: int, per_request: int, outside_s: float,
+                 quiet: tuple[Batcher, float] | None = None):
         self.batcher, self.per_request, self.outside_s = batcher, per_request, outside_s
         # what front ends send: every request's Submit, encoded before the clock starts
-        far = time.monotonic() + 3600
-        self.frames = [encode(Submit(0, [items[(first + i) % len(items)] for i in range(per_request)], far))
-                       for first in range(0, len(items), per_request)]
+        self.frames = _frames(items, per_request)
+        # With `quiet` (its batcher, requests a second): one client of a second model on the same device, sending
+        # 16 inputs a request at a steady rate whatever the answers (a reranker beside a flooded embedder, as in
+        # bench.serving.several_models), read off the wire by the same thread as the flood's.
+        self.quiet, self.quiet_frames = quiet, _frames(items, 16) if quiet else []
+        self.quiet_round_trips: list[float] = []
         self.lock = threading.Condition()
         self.due: list[tuple[float, int]] = []  # (when, client): the next requests to send
         self.sent_at: dict[int, float] = {}
@@ -139,6 +152,8 @@ class Clients:
         self.number = 0
         for client in range(clients):
             self.due.append((0.0, client))
+        if quiet:
+            self.due.append((0.0, self.QUIET))
 
     def deliver(self, tickets: list[Ticket]) -> None:  # the batcher's Sink, on the runner's thread
         for ticket in tickets:
@@ -146,9 +161,13 @@ class Clients:
         now = time.perf_counter()
         with self.lock:
             for ticket in tickets:
+                client = ticket.tag[0]
+                if client == self.QUIET:
+                    self.quiet_round_trips.append(now - self.sent_at.pop(ticket.tag))
+                    continue
                 self.round_trips.append(now - self.sent_at.pop(ticket.tag))
                 self.answered += ticket.size
-                heapq.heappush(self.due, (now + self.outside_s, ticket.tag[0]))
+                heapq.heappush(self.due, (now + self.outside_s, client))
             self.lock.notify()
 
     def send_until(self, end: float) -> None:
@@ -165,12 +184,23 @@ class Clients:
                 self.number += 1
                 tag = (client, self.number)
                 self.sent_at[tag] = time.perf_counter()
-                message = decode(self.frames[self.number % len(self.frames)])
-                self.batcher.submit(message.items, Ticket(message.deadline, len(message.items), self, tag))
+                batcher, frames = (self.quiet[0], self.quiet_frames) if client == self.QUIET else \
+                    (self.batcher, self.frames)
+                message = decode(frames[self.number % len(frames)])
+                batcher.submit(message.items, Ticket(message.deadline, len(message.items), self, tag))
+                if client == self.QUIET:
+                    with self.lock:
+                        heapq.heappush(self.due, (self.sent_at[tag] + 1 / self.quiet[1], client))
+
+
+def _frames(items: list, per_request: int) -> list[bytes]:
+    far = time.monotonic() + 3600
+    return [encode(Submit(0, [items[(first + i) % len(items)] for i in range(per_request)], far))
+            for first in range(0, len(items), per_request)]
 
 
 def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: int, outside_ms: float, seconds: float,
-            batch_size: int) -> Round:
+            batch_size: int, quiet_rate: float = 0.0) -> Round:
     from model import load_checkpoint
 
     loaded = load_checkpoint(checkpoint)
@@ -180,21 +210,31 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True) for e in loaded.tokenizer.encode_batch(texts)]
     freeze_loaded_objects()  # as the engine process does once its models are loaded
     metrics = Metrics()
-    batcher = Batcher(engine, BatchPolicy(16384, batch_size, max_padding_fraction=0.10), metrics)
+    policy = BatchPolicy(16384, batch_size, max_padding_fraction=0.10)
+    runners = DeviceRunners(1)  # one device's runner, shared by the models as service.engine.models shares it
+    batcher = Batcher(engine, policy, metrics, device=runners, name="flooded")
+    quiet = Batcher(engine, policy, metrics, device=runners, name="quiet") if quiet_rate else None
     lag = InterpreterLag(metrics.interpreter_lag.observe)
-    batcher.start()
+    for started in (batcher, quiet):
+        if started is not None:
+            started.start()
+    runners.start()
     lag.start()
     try:
-        load = Clients(batcher, items, clients, per_request, outside_ms / 1000)
+        load = Clients(batcher, items, clients, per_request, outside_ms / 1000, (quiet, quiet_rate) if quiet else None)
         load.send_until(time.perf_counter() + min(2.0, seconds / 3))  # warm-up
         before, busy, answered = metrics.render().decode(), engine.busy_s, load.answered
         load.round_trips.clear()
+        load.quiet_round_trips.clear()
         started = time.perf_counter()
         load.send_until(started + seconds)
         elapsed = time.perf_counter() - started
         after, busy, answered = metrics.render().decode(), engine.busy_s - busy, load.answered - answered
     finally:
-        batcher.stop(10)
+        for stopped in (batcher, quiet):
+            if stopped is not None:
+                stopped.stop(10)
+        runners.join(10)
         lag.stop()
 
     def mean(name: str) -> float:
@@ -203,9 +243,16 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
 
     rate = answered / elapsed
     return Round(rate, rate / (batch_size / device.seconds(batch_size)), busy / elapsed,
-                 1000 * statistics.median(load.round_trips), 1000 * mean("bert_queue_time_seconds"),
+                 _p50_p99_ms(load.round_trips)[0], 1000 * mean("bert_queue_time_seconds"),
                  1000 * mean("bert_inference_seconds"), mean("bert_batch_sequences"),
-                 1000 * mean("bert_engine_interpreter_lag_seconds"))
+                 1000 * mean("bert_engine_interpreter_lag_seconds"), *_p50_p99_ms(load.quiet_round_trips))
+
+
+def _p50_p99_ms(round_trips: list[float]) -> tuple[float, float]:
+    if not round_trips:
+        return float("nan"), float("nan")
+    p99 = statistics.quantiles(round_trips, n=100)[98] if len(round_trips) > 1 else round_trips[0]
+    return 1000 * statistics.median(round_trips), 1000 * p99
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,25 +269,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=256, help="the batcher's largest batch (a GPU's default)")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quiet-rate", type=float, default=0.0,
+                        help="requests a second (16 inputs each) of a second model on the same device, beside the "
+                             "flood: their round trips' p50 and p99 (default 0: none)")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the interpreter's switch interval (default: the engine process's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     device = DeviceModel(args.launch_us, args.batch_ms, args.sentence_us)
     rounds = []
     for number in range(args.rounds):
         rounds.append(measure(args.checkpoint, device, args.clients, args.per_request, args.outside_ms, args.seconds,
-                              args.batch_size))
+                              args.batch_size, args.quiet_rate))
         print(f"round {number + 1}: {rounds[-1]}", file=sys.stderr, flush=True)
     best = max(rounds, key=lambda r: r.sentences_per_s)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.clients} clients x "
-          f"{args.per_request}, {args.outside_ms:g} ms outside the engine; the stand-in device: {device}\n")
-    print("| round | sentences/s | x the device's rate | device busy | round trip p50 ms | queue ms | batch ms | "
-          "mean batch | interpreter lag ms |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          f"{args.per_request}, {args.outside_ms:g} ms outside the engine; switch interval "
+          f"{sys.getswitchinterval() * 1000:g} ms; the stand-in device: {device}\n")
+    quiet = " quiet model p50 / p99 ms |" if args.quiet_rate else ""
+    print(f"| round | sentences/s | x the device's rate | device busy | round trip p50 ms | queue ms | batch ms | "
+          f"mean batch | interpreter lag ms |{quiet}\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+          f"{' ---: |' if quiet else ''}")
     for number, r in enumerate(rounds, 1):
         print(f"| {number}{' (best)' if r is best else ''} | {r.sentences_per_s:,.0f} | {r.vs_device:.2f} | "
               f"{r.device_busy:.0%} | {r.round_trip_p50_ms:.2f} | {r.queue_ms:.2f} | {r.batch_ms:.2f} | "
-              f"{r.mean_batch:.1f} | {r.interpreter_lag_ms:.2f} |")
+              f"{r.mean_batch:.1f} | {r.interpreter_lag_ms:.2f} |"
+              + (f" {r.quiet_p50_ms:.2f} / {r.quiet_p99_ms:.2f} |" if quiet else ""))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rounds], indent=1))
     return 0

@@ -259,8 +259,10 @@ class DeviceRunners:
 
     def release(self, queue: Batcher, express: bool = False) -> None:
         """A batch taken from `queue` (by an express runner: `express`) is done with (answered, failed or dropped)."""
+        # The model's preparer is not woken: nothing it waits for changes here (its batch taken, new entries or a
+        # deadline do; fewer busy runners never end a wait for company). Waking it every batch cost a thread hand-over
+        # for nothing (4.5% of the engine's interpreter time in bench.serving.engine_pipeline's profile).
         with self.lock:
             queue.running -= 1
             queue.express_running -= express
             queue.progress_at = time.monotonic()
-            queue.wake_preparer()

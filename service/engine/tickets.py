@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from service import tracing
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from service.engine.batch_types import PreparedBatch
 
 log = logging.getLogger("service")
+_TICKET = attrgetter("ticket")
 
 
 class Sink(Protocol):
@@ -24,7 +26,7 @@ class Sink(Protocol):
     def deliver(self, tickets: list[Ticket]) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)  # one request: equal to itself alone, and hashable, so a batch's requests are found in C
 class Ticket:
     """One request: its deadline, whether its client left, and its results as its inputs finish (in input
     order). It is finished when every input has a result, or at its first error (the rest is then not
@@ -102,7 +104,7 @@ def note_batch(entries: list[Entry], batch: PreparedBatch, seconds: float, metri
     since another runner may be noting a batch of the same request."""
     metrics.observe_batch(seconds, batch)
     began = time.monotonic() - seconds
-    tickets = {id(e.ticket): e.ticket for e in entries}.values()  # each request once
+    tickets = dict.fromkeys(map(_TICKET, entries))  # each request once, in order
     traced = [t.trace for t in tickets if t.trace is not None]
     span, spans = None, tracing.current() if traced else None
     if spans is not None:

@@ -146,3 +146,15 @@ def test_engine_pipeline_over_a_stand_in_device(tiny_checkpoint):
     assert 0 < found.vs_device <= 1.05  # the device's own rate at full batches bounds it
     assert found.mean_batch >= 1 and found.queue_ms >= 0 and found.batch_ms >= device.batch_ms * 0.9
     assert found.interpreter_lag_ms >= 0
+    assert found.quiet_p99_ms != found.quiet_p99_ms  # no second model asked for: NaN
+
+
+def test_engine_pipeline_times_a_second_models_paced_requests_beside_the_flood(tiny_checkpoint):
+    from bench.serving.engine_pipeline import DeviceModel, measure
+
+    device = DeviceModel(launch_us=50, batch_ms=0.5, sentence_us=10)
+    found = measure(tiny_checkpoint, device, clients=8, per_request=4, outside_ms=1.0, seconds=1.5, batch_size=32,
+                    quiet_rate=20)
+    assert found.sentences_per_s > 0
+    # each quiet request waits at least for its own batch on the device, and is answered well within the round
+    assert device.seconds(16) * 1000 <= found.quiet_p50_ms <= found.quiet_p99_ms < 1000
