@@ -187,7 +187,7 @@ def _wire_field(value):
         if first in _ITEM_TYPES:
             return _wire_items(value)
         if first in _TAG or first is np.ndarray:
-            return [_wire(v) for v in value]  # items or results (a list of token ids goes as it is)
+            return [_wire(v) for v in value]  # results or records (a list of ints goes as it is)
     return value
 
 

@@ -183,14 +183,14 @@ class Clients:
             for client in ready:
                 self.number += 1
                 tag = (client, self.number)
-                self.sent_at[tag] = time.perf_counter()
+                self.sent_at[tag] = sent = time.perf_counter()
                 batcher, frames = (self.quiet[0], self.quiet_frames) if client == self.QUIET else \
                     (self.batcher, self.frames)
                 message = decode(frames[self.number % len(frames)])
                 batcher.submit(message.items, Ticket(message.deadline, len(message.items), self, tag))
                 if client == self.QUIET:
                     with self.lock:
-                        heapq.heappush(self.due, (self.sent_at[tag] + 1 / self.quiet[1], client))
+                        heapq.heappush(self.due, (sent + 1 / self.quiet[1], client))  # its answer may be in
 
 
 def _frames(items: list, per_request: int) -> list[bytes]:

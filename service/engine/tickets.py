@@ -81,7 +81,7 @@ class LaunchedBatch:
 class Entry:
     """One input of a request in its model's queue. Compared by identity: equal items of two requests are two entries.
     A plain class with slots, not a dataclass: the engine makes one per input on the thread that reads the front ends'
-    requests, and this makes it in half the time."""
+    requests, and this makes it in three fifths of the time."""
 
     __slots__ = ("item", "ticket", "index", "enqueued_at", "length")
 
