@@ -28,7 +28,6 @@ import heapq
 import json
 import os
 import platform
-import statistics
 import sys
 import threading
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.serving.throughput import mean_ms, sentences
+from bench.serving.throughput import mean_ms, percentile_ms, sentences
 from devkit.paths import checkpoint_argument
 from service.engine.batcher import Batcher, BatchPolicy, DeviceRunners
 from service.engine.interpreter_lag import InterpreterLag
@@ -142,7 +141,8 @@ class Clients:
         # With `quiet` (its batcher, requests a second): one client of a second model on the same device, sending
         # 16 inputs a request at a steady rate whatever the answers (a reranker beside a flooded embedder, as in
         # bench.serving.several_models), read off the wire by the same thread as the flood's.
-        self.quiet, self.quiet_frames = quiet, _frames(items, 16) if quiet else []
+        self.quiet_batcher, self.quiet_period = (quiet[0], 1 / quiet[1]) if quiet else (None, 0.0)
+        self.quiet_frames = _frames(items, 16) if quiet else []
         self.quiet_round_trips: list[float] = []
         self.lock = threading.Condition()
         self.due: list[tuple[float, int]] = []  # (when, client): the next requests to send
@@ -184,13 +184,13 @@ class Clients:
                 self.number += 1
                 tag = (client, self.number)
                 self.sent_at[tag] = sent = time.perf_counter()
-                batcher, frames = (self.quiet[0], self.quiet_frames) if client == self.QUIET else \
+                batcher, frames = (self.quiet_batcher, self.quiet_frames) if client == self.QUIET else \
                     (self.batcher, self.frames)
                 message = decode(frames[self.number % len(frames)])
                 batcher.submit(message.items, Ticket(message.deadline, len(message.items), self, tag))
                 if client == self.QUIET:
                     with self.lock:
-                        heapq.heappush(self.due, (sent + 1 / self.quiet[1], client))  # its answer may be in
+                        heapq.heappush(self.due, (sent + self.quiet_period, client))  # its answer may be in
 
 
 def _frames(items: list, per_request: int) -> list[bytes]:
@@ -214,10 +214,10 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     runners = DeviceRunners(1)  # one device's runner, shared by the models as service.engine.models shares it
     batcher = Batcher(engine, policy, metrics, device=runners, name="flooded")
     quiet = Batcher(engine, policy, metrics, device=runners, name="quiet") if quiet_rate else None
+    models = [batcher] + ([quiet] if quiet else [])
     lag = InterpreterLag(metrics.interpreter_lag.observe)
-    for started in (batcher, quiet):
-        if started is not None:
-            started.start()
+    for model in models:
+        model.start()
     runners.start()
     lag.start()
     try:
@@ -231,9 +231,8 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
         elapsed = time.perf_counter() - started
         after, busy, answered = metrics.render().decode(), engine.busy_s - busy, load.answered - answered
     finally:
-        for stopped in (batcher, quiet):
-            if stopped is not None:
-                stopped.stop(10)
+        for model in models:
+            model.stop(10)
         runners.join(10)
         lag.stop()
 
@@ -249,10 +248,8 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
 
 
 def _p50_p99_ms(round_trips: list[float]) -> tuple[float, float]:
-    if not round_trips:
-        return float("nan"), float("nan")
-    p99 = statistics.quantiles(round_trips, n=100)[98] if len(round_trips) > 1 else round_trips[0]
-    return 1000 * statistics.median(round_trips), 1000 * p99
+    found = percentile_ms(round_trips, 50), percentile_ms(round_trips, 99)
+    return tuple(float("nan") if ms is None else ms for ms in found)
 
 
 def main(argv: list[str] | None = None) -> int:

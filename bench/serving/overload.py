@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.serving.throughput import percentile_ms
 from devkit.server import start_service
 from service.settings import DEFAULT_CHECKPOINT
 
@@ -29,10 +30,6 @@ from service.settings import DEFAULT_CHECKPOINT
 PAYLOAD = {"inputs": [f"sentence {i} " + "the river flows past the old mill and into the sea " * 6 for i in range(8)],
            "pooling": "mean", "truncate": True}
 CLIENTS = 32
-
-
-def percentile_ms(seconds: list[float], q: float) -> float | None:
-    return float(np.percentile(seconds, q)) * 1000 if seconds else None
 
 
 def peak_rss_mib(pid: int) -> float:

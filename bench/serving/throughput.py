@@ -122,6 +122,11 @@ def measure_http(system: str, url: str, texts, concurrency: int, duration: float
     return row
 
 
+def percentile_ms(seconds: list[float], q: float) -> float | None:
+    """The `q`th percentile of latencies in seconds, in ms (None with none)."""
+    return float(np.percentile(seconds, q)) * 1000 if seconds else None
+
+
 def mean_ms(before: str, after: str, histogram: str) -> float | None:
     """A Prometheus histogram's mean between two /metrics texts, in ms (None with no observations)."""
     count = metric_delta(before, after, histogram + "_count")

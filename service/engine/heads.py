@@ -77,11 +77,11 @@ def _encode(items: list[Item], hidden: torch.Tensor, packing: Packing, starts: l
 
     def collect(results: list) -> None:
         arrays = {key: values.numpy() for key, values in host.items()}
-        (pooling, _), values = next(iter(arrays.items()))
-        if len(arrays) == 1 and pooling != "none" and len(rows) == len(results):
-            # an embedding batch, every item pooled alike: its rows in one pass (0.25 µs an item; one by one, 0.42)
-            results[:] = map(PooledVector, values)
-            return
+        if len(arrays) == 1 and len(rows) == len(results):
+            (pooling, _), pooled = next(iter(arrays.items()))
+            if pooling != "none":  # an embedding batch pooled alike: its rows in one pass (0.25 µs an item, not 0.42)
+                results[:] = map(PooledVector, pooled)
+                return
         for row in rows:
             item = items[row]
             values = arrays[item.pooling, item.normalize]
