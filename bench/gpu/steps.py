@@ -87,13 +87,14 @@ RERANK_RATE_GPU = 20.0  # several_models: the reranker's requests a second on a 
 def several_models(work: Path, dry_run: bool, duration: float) -> dict:
     """bench.serving.several_models on this machine: three models in one server against each alone and against two
     single-model servers, its targets' lines beside the figures (Infinity is not on a GPU machine); one round of each
-    row, within the step's time in the run's budget (a GPU host is not shared, so its rows drift less). The reranker
+    row, within the step's time in the run's budget (a GPU host is not shared, so its rows drift less), and the three
+    models once more with --gpu-express-lane (docs/several-models.md). The reranker
     sends RERANK_RATE_GPU requests a second: a GPU answers one in about 10 ms, and at the CPU's 2 a second a 6-second
     row held 11 requests, whose p99 is their slowest."""
     found = work / "several-models.json"
     command = [sys.executable, "-m", "bench.serving.several_models", "--skip", "infinity", "--json", str(found),
                *(["--quick"] if dry_run else ["--seconds", str(max(4.0, 3 * duration)), "--rounds", "1",
-                                              "--rerank-rate", str(RERANK_RATE_GPU),
+                                              "--rerank-rate", str(RERANK_RATE_GPU), "--gpu-express-lane-row",
                                               "--client-processes", str(min(8, max(2, (os.cpu_count() or 4) // 2)))])]
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if result.returncode != 0:

@@ -7,7 +7,7 @@ encoded before the clock starts, decoded as the engine's reader decodes it), the
 preparer choosing and collating batches, the runner launching them and building their results, the tickets, the
 replies encoded for the front ends. Here the real `Batcher`, runner and collation (the checkpoint's own engine) run
 over a stand-in device: a launch costs `--launch-us` of host Python (a graph replay's calls), then the device
-computes for `--batch-ms` plus `--sentence-us` per input on a thread of its own that holds no interpreter while it does
+computes for `--batch-ms` plus `--sentence-us` per input while the host goes on, and waiting for it holds no interpreter
 (the defaults are the bundled model on an H200: 0.81 ms for 128 sentences, 1.31 ms for 256, in-process,
 BENCHMARKS.md), and a finished batch's results are one pooled vector per input. Closed-loop clients send requests of
 `--per-request` inputs and send again `--outside-ms` after each answer (the front end, the hop between processes, HTTP
@@ -15,15 +15,20 @@ and the client, which this leaves out). The figure is the sentences/s against th
 `--batch-size`; the engine's metrics say where the rest went. With `--quiet-rate R`, a second model on the same
 device and runner gets one client sending 16 inputs R times a second whatever the answers (a reranker beside a
 flooded embedder, bench.serving.several_models' load): its round trips' p50 and p99 say how long a quiet model's
-request waits behind the flood in the engine.
+request waits behind the flood in the engine, and its queue, batch and wait on the device behind other batches say
+where. With `--express-lane` its batches go on an express runner's stream, as
+with --gpu-express-lane (service/engine/streams.py), which the stand-in device runs beside the default stream's
+without slowing either (a GPU's two streams share its multiprocessors, so there the flood's batch takes a little
+longer); without, on the runner and the flood's stream, as a GPU serves several models by default.
 
     python -m bench.serving.engine_pipeline [--checkpoint DIR] [--clients 64] [--outside-ms 3] [--rounds 3]
-                                            [--quiet-rate 20] [--switch-interval-ms 5]
+                                            [--quiet-rate 20] [--express-lane] [--switch-interval-ms 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import json
 import os
@@ -31,7 +36,6 @@ import platform
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,7 +52,9 @@ from service.engine.tickets import Ticket
 from service.memory import freeze_loaded_objects
 from service.messages import Done, Submit, decode, encode
 from service.metrics import Metrics
-from service.settings import DEFAULT_CHECKPOINT
+from service.settings import DEFAULT_CHECKPOINT, Settings
+
+COMPUTE_NICENESS = Settings.model_fields["compute_niceness"].default  # the engine's runners', as served
 from service.tasks import EncodeItem, PooledVector
 
 
@@ -64,20 +70,52 @@ class DeviceModel:
         return self.batch_ms / 1e3 + self.sentence_us / 1e6 * inputs
 
 
+class StandInDevice:
+    """The stand-in GPU's streams, shared by every model's engine: when each one's last batch ends (the default
+    stream, and the express runner's, which the thread that entered `express_stream` launches on)."""
+
+    def __init__(self, model: DeviceModel):
+        self.model = model
+        self.free_at = {False: 0.0, True: 0.0}
+        self.on_express = threading.local()
+        self.lock = threading.Lock()
+        self.busy_s = 0.0
+
+    def queue(self, now: float, inputs: int) -> tuple[float, float]:
+        """A batch of `inputs` launched `now` on the calling thread's stream: (when it ends, how long it waits for
+        the batches before it there)."""
+        stream, seconds = getattr(self.on_express, "stream", False), self.model.seconds(inputs)
+        with self.lock:
+            starts = max(now, self.free_at[stream])
+            self.free_at[stream] = starts + seconds
+            self.busy_s += seconds
+        return starts + seconds, starts - now
+
+    @contextlib.contextmanager
+    def express_stream(self):
+        """DeviceRunners' express_stream: the entering thread's launches go on the second stream."""
+        self.on_express.stream = True
+        try:
+            yield
+        finally:
+            self.on_express.stream = False
+
+
 class StandInGpu:
-    """An engine whose launch returns while its device computes: the checkpoint's own collation, a launch that
-    spends `launch_us` of Python, a device thread that sleeps for the batch's time (no interpreter held), results of
-    one pooled vector per input."""
+    """A model's engine whose launch returns while its device computes: the checkpoint's own collation, a launch that
+    spends `launch_us` of Python and queues the batch on its stream (it starts when the stream's last batch ends),
+    a finish that sleeps until it has ended (no interpreter held, as a CUDA event's wait holds none; no thread has to
+    take the interpreter to say that the device is done), results of one pooled vector per input."""
 
     overlaps = True
     pads_attention = False  # as on a GPU in bfloat16: batches are not priced
 
-    def __init__(self, engine, device: DeviceModel, width: int):
+    def __init__(self, engine, device: StandInDevice, width: int):
         self.engine = engine
-        self.model = device
-        self.device = ThreadPoolExecutor(1, thread_name_prefix="stand-in-device")
+        self.device = device
         self.vectors = np.random.default_rng(0).standard_normal((4096, width)).astype(np.float32)  # the batch's output
-        self.busy_s = 0.0
+        self.batches = 0
+        self.waited_s = 0.0  # on the device, behind other batches on the same stream
 
     def collate(self, items):
         return self.engine.collate(items)
@@ -86,19 +124,18 @@ class StandInGpu:
         return self.engine.flops(*args)
 
     def launch(self, batch):
-        end = time.perf_counter() + self.model.launch_us / 1e6
+        end = time.perf_counter() + self.device.model.launch_us / 1e6
         while time.perf_counter() < end:  # Python held, as a replay's calls hold it
             pass
-        return self.device.submit(self._compute, batch.size), batch.size
-
-    def _compute(self, inputs: int) -> None:
-        seconds = self.model.seconds(inputs)
-        time.sleep(seconds)
-        self.busy_s += seconds
+        ends, waited = self.device.queue(end, batch.size)
+        self.batches += 1
+        self.waited_s += waited
+        return ends, batch.size
 
     def finish(self, work):
-        done, inputs = work
-        done.result()
+        ends, inputs = work
+        if (left := ends - time.perf_counter()) > 0:
+            time.sleep(left)
         return list(map(PooledVector, self.vectors[:inputs]))  # as the encode head's collector reads an embedding batch
 
     def run(self, batch):
@@ -124,6 +161,11 @@ class Round:
     interpreter_lag_ms: float  # the probe's mean wait for the interpreter (service/engine/interpreter_lag.py)
     quiet_p50_ms: float = float("nan")  # with --quiet-rate: the second model's requests' round trips
     quiet_p99_ms: float = float("nan")
+    # ... and where they went, means: queued (to its batch's launch), its batches (launch to results), and of that
+    # the wait on the device behind other batches on the same stream
+    quiet_queue_ms: float = float("nan")
+    quiet_batch_ms: float = float("nan")
+    quiet_behind_ms: float = float("nan")
 
 
 class Clients:
@@ -200,20 +242,25 @@ def _frames(items: list, per_request: int) -> list[bytes]:
 
 
 def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: int, outside_ms: float, seconds: float,
-            batch_size: int, quiet_rate: float = 0.0) -> Round:
+            batch_size: int, quiet_rate: float = 0.0, express_lane: bool = False) -> Round:
     from model import load_checkpoint
 
     loaded = load_checkpoint(checkpoint)
     cpu = torch.device("cpu")
-    engine = StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), device, loaded.model.config.hidden_size)
+    gpu = StandInDevice(device)
+    engine, quiet_engine = (StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), gpu,
+                                       loaded.model.config.hidden_size) for _ in range(2))
     texts = sentences(2000, None, None)
     items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True) for e in loaded.tokenizer.encode_batch(texts)]
     freeze_loaded_objects()  # as the engine process does once its models are loaded
     metrics = Metrics()
     policy = BatchPolicy(16384, batch_size, max_padding_fraction=0.10)
-    runners = DeviceRunners(1)  # one device's runner, shared by the models as service.engine.models shares it
+    # one device's runner at the engine's niceness, shared by the models as service.engine.models shares it, and with
+    # --express-lane an express runner (as service.engine.models.express_runners gives a GPU with --gpu-express-lane)
+    express = 1 if quiet_rate and express_lane else 0
+    runners = DeviceRunners(1, COMPUTE_NICENESS, express, gpu.express_stream)
     batcher = Batcher(engine, policy, metrics, device=runners, name="flooded")
-    quiet = Batcher(engine, policy, metrics, device=runners, name="quiet") if quiet_rate else None
+    quiet = Batcher(quiet_engine, policy, metrics, device=runners, name="quiet") if quiet_rate else None
     models = [batcher] + ([quiet] if quiet else [])
     lag = InterpreterLag(metrics.interpreter_lag.observe)
     for model in models:
@@ -223,28 +270,32 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     try:
         load = Clients(batcher, items, clients, per_request, outside_ms / 1000, (quiet, quiet_rate) if quiet else None)
         load.send_until(time.perf_counter() + min(2.0, seconds / 3))  # warm-up
-        before, busy, answered = metrics.render().decode(), engine.busy_s, load.answered
+        before, busy, answered = metrics.render().decode(), gpu.busy_s, load.answered
+        quiet_batches, quiet_waited = quiet_engine.batches, quiet_engine.waited_s
         load.round_trips.clear()
         load.quiet_round_trips.clear()
         started = time.perf_counter()
         load.send_until(started + seconds)
         elapsed = time.perf_counter() - started
-        after, busy, answered = metrics.render().decode(), engine.busy_s - busy, load.answered - answered
+        after, busy, answered = metrics.render().decode(), gpu.busy_s - busy, load.answered - answered
+        quiet_batches, quiet_waited = quiet_engine.batches - quiet_batches, quiet_engine.waited_s - quiet_waited
     finally:
         for model in models:
             model.stop(10)
         runners.join(10)
         lag.stop()
 
-    def mean(name: str) -> float:
-        found = mean_ms(before, after, name)
+    def mean(name: str, model: str | None = "flooded") -> float:
+        found = mean_ms(before, after, name, model)
         return found / 1000 if found is not None else float("nan")
 
     rate = answered / elapsed
     return Round(rate, rate / (batch_size / device.seconds(batch_size)), busy / elapsed,
                  _p50_p99_ms(load.round_trips)[0], 1000 * mean("bert_queue_time_seconds"),
                  1000 * mean("bert_inference_seconds"), mean("bert_batch_sequences"),
-                 1000 * mean("bert_engine_interpreter_lag_seconds"), *_p50_p99_ms(load.quiet_round_trips))
+                 1000 * mean("bert_engine_interpreter_lag_seconds", None), *_p50_p99_ms(load.quiet_round_trips),
+                 1000 * mean("bert_queue_time_seconds", "quiet"), 1000 * mean("bert_inference_seconds", "quiet"),
+                 1000 * quiet_waited / quiet_batches if quiet_batches else float("nan"))
 
 
 def _p50_p99_ms(round_trips: list[float]) -> tuple[float, float]:
@@ -269,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-rate", type=float, default=0.0,
                         help="requests a second (16 inputs each) of a second model on the same device, beside the "
                              "flood: their round trips' p50 and p99 (default 0: none)")
+    parser.add_argument("--express-lane", action="store_true",
+                        help="the quiet model's batches go on an express runner's stream (--gpu-express-lane)")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the interpreter's switch interval (default: the engine process's)")
     parser.add_argument("--json", type=Path, default=None)
@@ -281,21 +334,24 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     for number in range(args.rounds):
         rounds.append(measure(args.checkpoint, device, args.clients, args.per_request, args.outside_ms, args.seconds,
-                              args.batch_size, args.quiet_rate))
+                              args.batch_size, args.quiet_rate, args.express_lane))
         print(f"round {number + 1}: {rounds[-1]}", file=sys.stderr, flush=True)
     best = max(rounds, key=lambda r: r.sentences_per_s)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {args.clients} clients x "
           f"{args.per_request}, {args.outside_ms:g} ms outside the engine; switch interval "
-          f"{sys.getswitchinterval() * 1000:g} ms; the stand-in device: {device}\n")
-    quiet = " quiet model p50 / p99 ms |" if args.quiet_rate else ""
+          f"{sys.getswitchinterval() * 1000:g} ms; the stand-in device: {device}"
+          + (f"; the quiet model's express lane {'on' if args.express_lane else 'off'}" if args.quiet_rate else "")
+          + "\n")
+    quiet = " quiet model p50 / p99 ms | its queue / batch / behind on the device ms |" if args.quiet_rate else ""
     print(f"| round | sentences/s | x the device's rate | device busy | round trip p50 ms | queue ms | batch ms | "
           f"mean batch | interpreter lag ms |{quiet}\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-          f"{' ---: |' if quiet else ''}")
+          f"{' ---: | ---: |' if quiet else ''}")
     for number, r in enumerate(rounds, 1):
         print(f"| {number}{' (best)' if r is best else ''} | {r.sentences_per_s:,.0f} | {r.vs_device:.2f} | "
               f"{r.device_busy:.0%} | {r.round_trip_p50_ms:.2f} | {r.queue_ms:.2f} | {r.batch_ms:.2f} | "
               f"{r.mean_batch:.1f} | {r.interpreter_lag_ms:.2f} |"
-              + (f" {r.quiet_p50_ms:.2f} / {r.quiet_p99_ms:.2f} |" if quiet else ""))
+              + (f" {r.quiet_p50_ms:.2f} / {r.quiet_p99_ms:.2f} | {r.quiet_queue_ms:.2f} / {r.quiet_batch_ms:.2f} / "
+                 f"{r.quiet_behind_ms:.2f} |" if quiet else ""))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rounds], indent=1))
     return 0

@@ -17,6 +17,10 @@ Three models: all-MiniLM-L6-v2 (the embedder), the bundled model, and a cross-en
 - Peers, under the same mixed load: two of our single-model servers sharing the cores (what text-embeddings-
   inference recommends for several models), and Infinity serving the embedder and the reranker in one process
   (`--infinity PATH`; `--skip infinity` without it).
+- Where a reranker request's time went, in each row of ours: its mean at the client, in the server, in the engine's
+  round trip, queued and in its batches (the server's /metrics, by model).
+- `--gpu-express-lane-row`: the three models once more with --gpu-express-lane (a GPU's woken model on a CUDA stream
+  of its own; on a CPU the same server as without).
 Our rows run `--rounds` times in turns and each figure is its median (Infinity's row once).
 Targets (issue #62): memory <= 0.6x; reranker p99 <= 2x alone; embedder >= 0.9x (alone less the reranker's share);
 >= 1.0x two single-model servers and >= 2x Infinity in embedder throughput, each with a lower reranker p99.
@@ -63,6 +67,20 @@ class Mixed:
     # the engine's mean wait for its Python interpreter (ours only; service/engine/interpreter_lag.py): ms say the
     # models' host work queues for one interpreter, which a request of the reranker waits in too
     interpreter_lag_ms: float | None = None
+    # Where a reranker request's time went, means in ms (ours only): at the client, in the server (HTTP in to the
+    # answer written), in the engine's round trip (its queue, its batches, the hop between processes), in the queue,
+    # and in its batches (launch to results). Under a flood, which of them grew says what it waited for.
+    rerank_client_ms: float | None = None
+    rerank_server_ms: float | None = None
+    rerank_engine_ms: float | None = None
+    rerank_queue_ms: float | None = None
+    rerank_batch_ms: float | None = None
+
+
+# a reranker's stages in the server, as Mixed has them: (its field, the histogram on /metrics)
+RERANK_STAGES = (("rerank_server_ms", "bert_request_duration_seconds"), ("rerank_engine_ms",
+                 "bert_engine_round_trip_seconds"), ("rerank_queue_ms", "bert_queue_time_seconds"),
+                 ("rerank_batch_ms", "bert_inference_seconds"))
 
 
 def embedder_checkpoint() -> Path:
@@ -141,7 +159,8 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
                rerank_rate: float, device_use=None) -> Mixed:
     """The embedder flooded by `flood` (clients, sentences a request; None: no flood) while one reranker client
     sends query + RERANK_TEXTS texts a request, at most `rerank_rate` a second (0: on each answer; rerank_request
-    None: no reranker)."""
+    None: no reranker). `device_use`: reads the reranker's server's /metrics (device_use_by_model), for the
+    models' shares of the device (with several models) and the reranker's stages."""
     results: dict = {}
 
     def flood_embedder():
@@ -163,12 +182,17 @@ def mixed_load(embed_url: str, embed_request: str, rerank_url: str, rerank_reque
     embed_rate = results["embed"][1] / results["embed"][3] if "embed" in results else None
     latencies = np.array(results["rerank"][0]) * 1000 if "rerank" in results else None
     after = device_use() if device_use else None
+    several = after is not None and len(after["tokens"]) > 1  # the models' shares of the device
+    read = after is not None and latencies is not None  # the reranker's stages, from its server's /metrics
+    stages = {field: mean_ms(before["text"], after["text"], histogram, "rerank")
+              for field, histogram in RERANK_STAGES} if read else {}
     return Mixed(embed_rate, float(np.percentile(latencies, 50)) if latencies is not None else None,
                  float(np.percentile(latencies, 99)) if latencies is not None else None,
                  len(latencies) if latencies is not None else 0,
-                 rerank_share(before, after, "tokens") if after else None,
-                 rerank_share(before, after, "seconds") if after else None,
-                 mean_ms(before["text"], after["text"], "bert_engine_interpreter_lag_seconds") if after else None)
+                 rerank_share(before, after, "tokens") if several else None,
+                 rerank_share(before, after, "seconds") if several else None,
+                 mean_ms(before["text"], after["text"], "bert_engine_interpreter_lag_seconds") if after else None,
+                 float(latencies.mean()) if read else None, **stages)
 
 
 def measure(args, work: Path) -> dict:
@@ -188,6 +212,8 @@ def measure(args, work: Path) -> dict:
     # Each row runs `--rounds` times, in turns (embedder alone, reranker alone, the three together, two servers), and
     # the figures are each one's median: the rows of one round are minutes apart on a shared machine.
     rows: dict[str, list[dict]] = {"embed_alone": [], "rerank_alone": [], "together": [], "two_servers": []}
+    if args.gpu_express_lane_row:
+        rows["together_gpu_express_lane"] = []
     for round_number in range(args.rounds):
         first = round_number == 0
         if first:
@@ -204,7 +230,8 @@ def measure(args, work: Path) -> dict:
                                                                  seconds, flood, processes, args.rerank_rate)))
                 if name == "rerank":
                     rows["rerank_alone"].append(asdict(mixed_load(url, None, url, "rerank@", texts, token_counts,
-                                                                  seconds, None, processes, args.rerank_rate)))
+                                                                  seconds, None, processes, args.rerank_rate,
+                                                                  lambda: device_use_by_model(url))))
                 if first:
                     found["alone_rss_mib"][name] = tree_rss_mib(process.pid)
                     print(f"alone {name}: {found['alone_rss_mib'][name]:.0f} MiB", file=sys.stderr, flush=True)
@@ -217,13 +244,21 @@ def measure(args, work: Path) -> dict:
                                                       lambda: device_use_by_model(url))))
             if first:
                 found["together_rss_mib"] = tree_rss_mib(process.pid)
+        if args.gpu_express_lane_row:  # the same, a GPU's woken model on a stream of its own (docs/several-models.md)
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            with serving(ours(models, port, [*extra, "--gpu-express-lane"]), url, START_S):
+                rows["together_gpu_express_lane"].append(asdict(mixed_load(
+                    url, "embed@/models/embed", url, "rerank@/models/rerank", texts, token_counts, seconds, flood,
+                    processes, args.rerank_rate, lambda: device_use_by_model(url))))
         # peer: two single-model servers of ours sharing the cores (one process per model, as TEI recommends)
         embed_port, rerank_port = free_port(), free_port()
         embed_url, rerank_url = f"http://127.0.0.1:{embed_port}", f"http://127.0.0.1:{rerank_port}"
         with serving(ours({"embed": models["embed"]}, embed_port, extra), embed_url, START_S), \
                 serving(ours({"rerank": models["rerank"]}, rerank_port, extra), rerank_url, START_S):
             rows["two_servers"].append(asdict(mixed_load(embed_url, "embed@", rerank_url, "rerank@", texts,
-                                                         token_counts, seconds, flood, processes, args.rerank_rate)))
+                                                         token_counts, seconds, flood, processes, args.rerank_rate,
+                                                         lambda: device_use_by_model(rerank_url))))
         print(f"round {round_number + 1}: " + "; ".join(f"{row}: {found_rows[-1]}" for row, found_rows in rows.items()),
               file=sys.stderr, flush=True)
     found["rounds"] = rows
@@ -269,6 +304,18 @@ def verdicts(found: dict) -> list[str]:
                  f"{found['embed_alone']['embed_per_s']:.0f} less the reranker's {share:.1%} of the tokens computed; "
                  f"{together['rerank_engine_seconds_share'] or 0.0:.1%} of the engine seconds) = "
                  f"{together['embed_per_s'] / floor:.2f}x (target >= 0.9x)")
+    lines.append("reranker's mean ms at the client / in the server / in the engine's round trip / queued / in its "
+                 "batches: " + "; ".join(f"{row.replace('_', ' ')} " + " / ".join(
+                     "-" if found[row][field] is None else f"{found[row][field]:.1f}"
+                     for field in ("rerank_client_ms", *(stage for stage, _ in RERANK_STAGES)))
+                     for row in ("rerank_alone", "together", "two_servers", "together_gpu_express_lane")
+                     if row in found))
+    if "together_gpu_express_lane" in found:
+        lane = found["together_gpu_express_lane"]
+        lines.append(f"with --gpu-express-lane: reranker p50 / p99 {lane['rerank_p50_ms']:.1f} / "
+                     f"{lane['rerank_p99_ms']:.1f} ms (without: {together['rerank_p50_ms']:.1f} / "
+                     f"{together['rerank_p99_ms']:.1f}), embedder {lane['embed_per_s']:.0f} sentences/s (without: "
+                     f"{together['embed_per_s']:.0f})")
     for peer, target in (("two_servers", 1.0), ("infinity", 2.0)):
         if peer in found:
             other = found[peer]
@@ -288,6 +335,9 @@ def main(argv=None) -> int:
     parser.add_argument("--client-processes", type=int, default=2)
     parser.add_argument("--rerank-rate", type=float, default=2.0,
                         help="the reranker client's requests a second at most (0: one on each answer)")
+    parser.add_argument("--gpu-express-lane-row", action="store_true",
+                        help="also the three models with --gpu-express-lane (on a GPU: a woken model's batches on a "
+                             "CUDA stream of their own)")
     parser.add_argument("--infinity", default=None, help="the infinity_emb command (requirements/peers.txt)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["infinity"])
     parser.add_argument("--service-args", nargs="*", default=[], help="more flags for every server of ours")

@@ -63,9 +63,9 @@ def metric(text: str, name: str, model: str | None = None) -> float:
     return sum(float(v) for v in re.findall(rf"^{re.escape(name)}{labels} ([0-9.e+-]+)$", text, re.MULTILINE))
 
 
-def metric_delta(before: str, after: str, name: str) -> float:
-    """How much a Prometheus counter grew between two /metrics texts."""
-    return metric(after, name) - metric(before, name)
+def metric_delta(before: str, after: str, name: str, model: str | None = None) -> float:
+    """How much a Prometheus counter grew between two /metrics texts (every model's series, or `model`'s)."""
+    return metric(after, name, model) - metric(before, name, model)
 
 
 def count_tokens(tokenizer, texts: list[str]) -> dict[str, int]:
@@ -127,10 +127,11 @@ def percentile_ms(seconds: list[float], q: float) -> float | None:
     return float(np.percentile(seconds, q)) * 1000 if seconds else None
 
 
-def mean_ms(before: str, after: str, histogram: str) -> float | None:
-    """A Prometheus histogram's mean between two /metrics texts, in ms (None with no observations)."""
-    count = metric_delta(before, after, histogram + "_count")
-    return 1000 * metric_delta(before, after, histogram + "_sum") / count if count else None
+def mean_ms(before: str, after: str, histogram: str, model: str | None = None) -> float | None:
+    """A Prometheus histogram's mean between two /metrics texts, in ms, over every model's series or `model`'s
+    (None with no observations)."""
+    count = metric_delta(before, after, histogram + "_count", model)
+    return 1000 * metric_delta(before, after, histogram + "_sum", model) / count if count else None
 
 
 class ServerCpu:

@@ -13,14 +13,23 @@ woke it (at most one batch per runner), so every batch of that request goes befo
 cannot save up credit while idle to flood the device later. With one model this is the batcher of a single-model
 server, unchanged.
 
-On a CPU serving several models, the request that wakes an idle model does not wait for the batches already on the
-cores either: when every runner is computing another model's batch, its batches run at once on express runners (one
-per runner, idle otherwise, the request split evenly over them as it would be over idle runners) at a higher
-priority than the runners' (nice compute_niceness // 2). The operating system then preempts the busy models'
-batches, as it would between separate servers, but in the woken model's favour. Only a woken request's batches go
-there (`Batcher.express_tokens`): a model that stays busy shares the runners by the fair rule and never uses the
-express runners, so two floods cost no oversubscription. Measured in bench.serving.several_models (BENCHMARKS.md,
-"Several models").
+When every runner is busy with another model's batch, the request that wakes an idle model does not wait for those
+batches either: it runs at once on an express runner, a thread idle otherwise. Only a woken request's batches go there
+(`Batcher.express_tokens`): a model that stays busy shares the runners by the fair rule and never uses the express
+runners, so two floods cost no oversubscription.
+
+- On a CPU there is one express runner per runner, at a higher priority than the runners' (nice compute_niceness //
+  2), and the woken request is split evenly over them as it would be over idle runners. The operating system then
+  preempts the busy models' batches, as it would between separate servers, but in the woken model's favour.
+- On a GPU (--gpu-express-lane) there is one, which queues its batches on a high-priority stream of its own
+  (service.engine.streams): the woken model's kernels run beside the flood's batch instead of behind it, and its
+  results are built at once on its own thread, not after the runner has finished the flood's batch and launched the
+  next. A model's batches still use one stream at a time: its CUDA graphs' outputs are safe only because its next
+  replay queues behind its last batch's heads on the same stream, so an express runner takes a model with no batch
+  on the runner, and the runner no model with a batch on the express runner (`_one_stream`).
+
+Measured in bench.serving.several_models and bench.serving.engine_pipeline --quiet-rate (BENCHMARKS.md, "Several
+models").
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 from service.engine.threads import lower_thread_priority, name_os_thread
@@ -68,10 +78,12 @@ class DeviceRunners:
     """The runners of one device and the lock that every model queue on it shares (one lock, several conditions:
     each preparer waits on its own, the runners on `batch_ready`)."""
 
-    def __init__(self, runners: int = 1, niceness: int = 0, express: int = 0):
+    def __init__(self, runners: int = 1, niceness: int = 0, express: int = 0,
+                 express_stream: Callable[[], AbstractContextManager] = nullcontext):
         self.runners = runners
         self.niceness = niceness
-        self.express = express  # express runners (module docstring): 0 on a GPU, with one model, or when turned off
+        self.express = express  # express runners (module docstring): 0 with one model, or when turned off
+        self.express_stream = express_stream  # what each express runner enters for its life (service.engine.streams)
         self.lock = threading.Lock()
         self.batch_ready = threading.Condition(self.lock)  # the runners wait on it
         self.express_ready = threading.Condition(self.lock)  # the express runners wait on it
@@ -120,17 +132,27 @@ class DeviceRunners:
         self.batch_ready.notify_all()
         self.express_ready.notify_all()
 
-    def _next_prepared(self) -> Batcher | None:
-        """The model whose prepared batch goes next: the earliest clock, then the oldest entry."""
-        ready = [q for q in self.queues if q.prepared is not None]
+    def _next_prepared(self, express: bool = False) -> Batcher | None:
+        """The model whose prepared batch a runner (an express runner: `express`) takes next: the earliest clock,
+        then the oldest entry."""
+        ready = [q for q in self.queues if q.prepared is not None and self._one_stream(q, express)]
         if not ready:
             return None
         return min(ready, key=lambda q: (q.clock, q.prepared[0][0].enqueued_at))
 
+    @staticmethod
+    def _one_stream(queue: Batcher, express: bool) -> bool:
+        """Whether a runner (an express runner: `express`) may take `queue`'s batch now: where batches overlap on
+        the device (a GPU), not while the model has one on the other kind of runner, which queues on another stream
+        (module docstring)."""
+        if not queue.engine.overlaps:
+            return True
+        return queue.running == 0 if express else queue.express_running == 0
+
     def _express_choice(self) -> Batcher | None:
         """The model whose prepared batch an express runner takes now: the fair rule's next, while it still has a
         waking request's tokens to run (`express_tokens`) and every runner is computing a batch."""
-        queue = self._next_prepared()
+        queue = self._next_prepared(express=True)
         if queue is None or queue.express_tokens <= 0:
             return None
         return queue if self.runners_busy() >= self.runners else None
@@ -185,20 +207,22 @@ class DeviceRunners:
             on_device = launched
 
     def _express_loop(self) -> None:
-        """An express runner: computes a woken model's batch when every runner is busy (module docstring)."""
+        """An express runner: computes a woken model's batch when every runner is busy (module docstring), on its
+        own stream where the device has them."""
         name_os_thread()
         lower_thread_priority(self.niceness // 2)
-        while True:
-            with self.lock:
-                while (queue := self._express_choice()) is None:
-                    if all(q.preparer_finished for q in self.queues):
-                        return
-                    self.express_ready.wait()
-                self._wake_other_preparers(queue)
-                chosen, batch = queue.take_prepared()
-                queue.express_running += 1
-            queue.metrics.express_batches.inc()
-            self._compute(queue, chosen, batch, express=True)
+        with self.express_stream():
+            while True:
+                with self.lock:
+                    while (queue := self._express_choice()) is None:
+                        if all(q.preparer_finished for q in self.queues):
+                            return
+                        self.express_ready.wait()
+                    self._wake_other_preparers(queue)
+                    chosen, batch = queue.take_prepared()
+                    queue.express_running += 1
+                queue.metrics.express_batches.inc()
+                self._compute(queue, chosen, batch, express=True)
 
     def _compute(self, queue: Batcher, chosen: list, batch: object, express: bool = False) -> None:
         """Runs one batch to its results, releases the runner, then hands the results back: in that order, so that
@@ -266,3 +290,5 @@ class DeviceRunners:
             queue.running -= 1
             queue.express_running -= express
             queue.progress_at = time.monotonic()
+            if express and queue.engine.overlaps and queue.prepared is not None:  # passed by (`_one_stream`)
+                self.batch_ready.notify()

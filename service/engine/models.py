@@ -19,6 +19,7 @@ from service.engine.device_runners import DeviceRunners
 from service.engine.interpreter_lag import InterpreterLag
 from service.engine.loader import AUTO_BATCH_SIZE_CPU, StartedEngine, StartupError, start_engine
 from service.engine.memory_check import check_fits, free_memory, model_need
+from service.engine.streams import express_stream
 from service.messages import ModelFacts
 from service.metrics import Metrics
 from service.model_specs import ModelSpec
@@ -86,8 +87,8 @@ def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None 
         except Exception as exc:  # noqa: BLE001 - one line naming the model; no half-ready server
             raise StartupError(f"model {spec.name}: {exc}" if len(specs) > 1 else str(exc)) from None
         if device is None:  # every model runs on the same device and threads: the first start-up planned them
-            express = started.runners if express_lane(settings, started, len(specs)) else 0
-            device = DeviceRunners(started.runners, settings.compute_niceness, express)
+            device = DeviceRunners(started.runners, settings.compute_niceness,
+                                   express_runners(settings, started, len(specs)), express_stream(started.engine.device))
         policy = started.batch_policy(settings.max_wait_ms / 1000, spec.max_queue_items, settings.max_padding_fraction,
                                       settings.compute_niceness)
         batcher = Batcher(started.engine, policy, metrics, device=device, name=spec.name, weight=spec.weight)
@@ -105,10 +106,15 @@ def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None 
     return EngineModels(served, device, lag)
 
 
-def express_lane(settings, started: StartedEngine, models: int) -> bool:
-    """Whether the device gets express runners (service.engine.device_runners): several models on a CPU, where the
-    operating system can preempt one batch for another; a GPU runs one batch at a time whatever the threads."""
-    return settings.express_lane and models > 1 and started.engine.device.type == "cpu"
+def express_runners(settings, started: StartedEngine, models: int) -> int:
+    """How many express runners the device gets (service.engine.device_runners): with several models, one per
+    runner on a CPU (the woken request split over them; --express-lane); on a GPU one, on a stream of its own
+    (--gpu-express-lane)."""
+    if models < 2:
+        return 0
+    if started.engine.overlaps:
+        return 1 if settings.gpu_express_lane else 0
+    return started.runners if settings.express_lane else 0
 
 
 def check_memory(settings, specs: list[ModelSpec], directories: dict[str, Path]) -> None:

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bench.serving.throughput import own_loads
 from devkit.paths import REPO_ROOT
 
@@ -149,12 +151,13 @@ def test_engine_pipeline_over_a_stand_in_device(tiny_checkpoint):
     assert found.quiet_p99_ms != found.quiet_p99_ms  # no second model asked for: NaN
 
 
-def test_engine_pipeline_times_a_second_models_paced_requests_beside_the_flood(tiny_checkpoint):
+@pytest.mark.parametrize("express_lane", [False, True], ids=["on-the-runner", "express-lane"])
+def test_engine_pipeline_times_a_second_models_paced_requests_beside_the_flood(tiny_checkpoint, express_lane):
     from bench.serving.engine_pipeline import DeviceModel, measure
 
     device = DeviceModel(launch_us=50, batch_ms=0.5, sentence_us=10)
     found = measure(tiny_checkpoint, device, clients=8, per_request=4, outside_ms=1.0, seconds=1.5, batch_size=32,
-                    quiet_rate=20)
+                    quiet_rate=20, express_lane=express_lane)
     assert found.sentences_per_s > 0
     # each quiet request waits at least for its own batch on the device, and is answered well within the round
     assert device.seconds(16) * 1000 <= found.quiet_p50_ms <= found.quiet_p99_ms < 1000
