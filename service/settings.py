@@ -97,11 +97,11 @@ class Settings(BaseSettings):
         "first: under a flood refusals stay immediate and accepted requests' latency bounded, for almost no "
         "throughput. 0 = the same priority as the HTTP side."))
     express_lane: bool = Field(True, description=(
-        "With several models on a CPU: a request to a model that was idle, arriving while every compute thread runs "
-        "another model's batch, runs at once on a spare thread of higher priority (nice compute_niceness // 2) "
-        "instead of waiting for those batches; the operating system preempts them, as between separate servers, so "
-        "a lightly used model keeps its latency under another's flood. A model that stays busy shares the threads "
-        "fairly and never takes that path. --no-express-lane: wait for a thread (docs/several-models.md)."))
+        "With several models on a CPU: a request to a model that was idle, arriving while every compute thread "
+        "runs another model's batch, runs at once on a spare thread of higher priority (nice compute_niceness // "
+        "2) instead of waiting for those batches; the operating system preempts them, as between separate "
+        "servers, so a lightly used model keeps its latency under another's flood. A model that stays busy shares "
+        "the threads fairly and never takes that path. --no-express-lane: wait for a thread (docs/several-models.md)."))
     gpu_express_lane: bool = Field(False, description=(
         "With several models on a GPU: the same express lane, one spare thread that queues a woken model's batch on "
         "a CUDA stream of its own at the device's highest priority, beside the busy model's batch instead of behind "

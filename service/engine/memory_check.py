@@ -4,7 +4,9 @@ models or does not start, and says what would not fit, with the figures.
 Each model's need is estimated from its weight files and its config: the weights in the precision it will compute
 in (its safetensors header gives each tensor's shape; int8 keeps the encoder layers' Linear weights in one byte, plus
 the int8 products kernel's blocked copy where one runs, and the rest in four), its activations for one batch at the
-token budget (the widest layer's, several at once), and on a GPU as much again for the CUDA graphs' memory pool.
+token budget (the widest layer's, several at once), and on a GPU as much again for the CUDA graphs' memory pool, and
+again for a second stream's cached blocks where a model's batches may also run on an express runner's stream
+(--gpu-express-lane: the allocator keeps each stream's freed blocks for that stream).
 What is free: the GPU's free memory (torch.cuda.mem_get_info), or on a CPU what the kernel calls available, within
 the container's memory limit (cgroup v2).
 """
@@ -61,9 +63,10 @@ def int8_linear_bytes(out_features: int, in_features: int) -> int:
     return out_features * in_features + (found.blocked_bytes(in_features, out_features) if found is not None else 0)
 
 
-def model_need(name: str, directory: Path, dtype: str, config, batch_tokens: int, on_gpu: bool) -> Need:
+def model_need(name: str, directory: Path, dtype: str, config, batch_tokens: int, on_gpu: bool,
+               streams: int = 1) -> Need:
     """The memory one model will take, estimated (see the module's doc). `dtype` as resolved (auto: bfloat16 on a
-    GPU, else float32: the larger of what a CPU may choose)."""
+    GPU, else float32: the larger of what a CPU may choose); `streams`: the GPU streams its batches may run on."""
     shapes = tensor_shapes(directory)
     if dtype == "int8":
         weights = sum(int8_linear_bytes(*shape) if quantized_in_int8(key, shape) else 4 * math.prod(shape)
@@ -74,7 +77,7 @@ def model_need(name: str, directory: Path, dtype: str, config, batch_tokens: int
     widest = max(config.intermediate_size, 3 * config.hidden_size)
     activations = ACTIVATION_COPIES * batch_tokens * widest * element
     if on_gpu:
-        activations *= 2  # the CUDA graphs' pool beside the eager pass's
+        activations *= 1 + streams  # the CUDA graphs' pool beside the eager pass's on each stream
     return Need(name, weights, activations)
 
 

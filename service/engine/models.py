@@ -125,6 +125,7 @@ def check_memory(settings, specs: list[ModelSpec], directories: dict[str, Path])
         raise StartupError(str(exc)) from None
     on_gpu = device.type == "cuda"
     budget = settings.max_batch_tokens if on_gpu else min(settings.max_batch_tokens, 64 * AUTO_BATCH_SIZE_CPU)
+    streams = 2 if on_gpu and settings.gpu_express_lane and len(specs) > 1 else 1  # an express runner's stream too
     needs = []
     for spec in specs:
         directory = directories[spec.name]
@@ -133,7 +134,7 @@ def check_memory(settings, specs: list[ModelSpec], directories: dict[str, Path])
         except Exception as exc:  # noqa: BLE001 - the start-up says it with the model's name
             raise StartupError(f"model {spec.name}: {exc}" if len(specs) > 1 else str(exc)) from None
         dtype = spec.dtype if spec.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        needs.append(model_need(spec.name, directory, dtype, config, budget, on_gpu))
+        needs.append(model_need(spec.name, directory, dtype, config, budget, on_gpu, streams))
     free, described = free_memory(device)
     problem = check_fits(needs, free, described)
     if problem is not None:

@@ -63,3 +63,13 @@ def test_only_encoder_layer_linear_weights_count_as_int8():
     assert not quantized_in_int8("encoder.layer.5.output.dense.bias", (384,))
     assert not quantized_in_int8("embeddings.word_embeddings.weight", (30522, 384))
     assert not quantized_in_int8("pooler.dense.weight", (384, 384))
+
+
+def test_on_a_gpu_each_stream_a_models_batches_may_use_counts_its_activations_again(tiny_checkpoint):
+    """The graphs' pool beside the eager pass's, and with --gpu-express-lane the express stream's cached blocks too;
+    the weights do not change."""
+    config = load_config(tiny_checkpoint)
+    cpu, gpu, lane = (model_need("m", tiny_checkpoint, "bfloat16", config, 4096, on_gpu, streams)
+                      for on_gpu, streams in ((False, 1), (True, 1), (True, 2)))
+    assert cpu.weight_bytes == gpu.weight_bytes == lane.weight_bytes
+    assert gpu.activation_bytes == 2 * cpu.activation_bytes and lane.activation_bytes == 3 * cpu.activation_bytes
