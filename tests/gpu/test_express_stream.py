@@ -21,8 +21,7 @@ pytestmark = test_cuda_graphs.pytestmark  # where the graphs' own tests run
 
 
 def graphed_engine(seed: int) -> Engine:
-    torch.manual_seed(seed)
-    model = random_model(VOCAB, hidden_size=2 * HEAD_DIM, num_attention_heads=2, intermediate_size=256,
+    model = random_model(VOCAB, seed, hidden_size=2 * HEAD_DIM, num_attention_heads=2, intermediate_size=256,
                          max_position_embeddings=256, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     engine = Engine(model, DEVICE, torch.bfloat16)
     assert capture_graphs(engine, 2048, 16, runners=1) > 0
@@ -35,6 +34,8 @@ def test_a_woken_models_batch_on_its_own_stream_answers_as_alone_beside_a_flood(
     quiet_items = items_of((40, 7, 19, 3), 99)
     flood_alone = [flooded.run(flooded.collate(items)) for items in flood_batches]
     quiet_alone = quiet.run(quiet.collate(quiet_items))
+    assert not all(torch.equal(a, b) for a, b in zip(flooded.model.state_dict().values(),
+                                                    quiet.model.state_dict().values()))  # two models
     streams: dict = {}
 
     def express_runner():
