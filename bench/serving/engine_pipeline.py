@@ -248,8 +248,12 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     loaded = load_checkpoint(checkpoint)
     cpu = torch.device("cpu")
     gpu = StandInDevice(device)
-    engine, quiet_engine = (StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), gpu,
-                                       loaded.model.config.hidden_size) for _ in range(2))
+
+    def stand_in() -> StandInGpu:  # a model's engine on the shared stand-in device
+        return StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), gpu, loaded.model.config.hidden_size)
+
+    engine = stand_in()
+    quiet_engine = stand_in() if quiet_rate else None
     texts = sentences(2000, None, None)
     items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True) for e in loaded.tokenizer.encode_batch(texts)]
     freeze_loaded_objects()  # as the engine process does once its models are loaded
@@ -260,7 +264,7 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     express = 1 if quiet_rate and express_lane else 0
     runners = DeviceRunners(1, COMPUTE_NICENESS, express, gpu.express_stream)
     batcher = Batcher(engine, policy, metrics, device=runners, name="flooded")
-    quiet = Batcher(quiet_engine, policy, metrics, device=runners, name="quiet") if quiet_rate else None
+    quiet = Batcher(quiet_engine, policy, metrics, device=runners, name="quiet") if quiet_engine else None
     models = [batcher] + ([quiet] if quiet else [])
     lag = InterpreterLag(metrics.interpreter_lag.observe)
     for model in models:
@@ -271,14 +275,14 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
         load = Clients(batcher, items, clients, per_request, outside_ms / 1000, (quiet, quiet_rate) if quiet else None)
         load.send_until(time.perf_counter() + min(2.0, seconds / 3))  # warm-up
         before, busy, answered = metrics.render().decode(), gpu.busy_s, load.answered
-        quiet_batches, quiet_waited = quiet_engine.batches, quiet_engine.waited_s
+        if quiet_engine:  # its device waits from here on
+            quiet_engine.batches, quiet_engine.waited_s = 0, 0.0
         load.round_trips.clear()
         load.quiet_round_trips.clear()
         started = time.perf_counter()
         load.send_until(started + seconds)
         elapsed = time.perf_counter() - started
         after, busy, answered = metrics.render().decode(), gpu.busy_s - busy, load.answered - answered
-        quiet_batches, quiet_waited = quiet_engine.batches - quiet_batches, quiet_engine.waited_s - quiet_waited
     finally:
         for model in models:
             model.stop(10)
@@ -295,7 +299,8 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
                  1000 * mean("bert_inference_seconds"), mean("bert_batch_sequences"),
                  1000 * mean("bert_engine_interpreter_lag_seconds", None), *_p50_p99_ms(load.quiet_round_trips),
                  1000 * mean("bert_queue_time_seconds", "quiet"), 1000 * mean("bert_inference_seconds", "quiet"),
-                 1000 * quiet_waited / quiet_batches if quiet_batches else float("nan"))
+                 1000 * quiet_engine.waited_s / quiet_engine.batches if quiet_engine and quiet_engine.batches
+                 else float("nan"))
 
 
 def _p50_p99_ms(round_trips: list[float]) -> tuple[float, float]:

@@ -235,22 +235,18 @@ def measure(args, work: Path) -> dict:
                 if first:
                     found["alone_rss_mib"][name] = tree_rss_mib(process.pid)
                     print(f"alone {name}: {found['alone_rss_mib'][name]:.0f} MiB", file=sys.stderr, flush=True)
-        # the three at once
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        with serving(ours(models, port, extra), url, START_S) as process:
-            rows["together"].append(asdict(mixed_load(url, "embed@/models/embed", url, "rerank@/models/rerank", texts,
-                                                      token_counts, seconds, flood, processes, args.rerank_rate,
-                                                      lambda: device_use_by_model(url))))
-            if first:
-                found["together_rss_mib"] = tree_rss_mib(process.pid)
-        if args.gpu_express_lane_row:  # the same, a GPU's woken model on a stream of its own (docs/several-models.md)
+        # the three at once (and with --gpu-express-lane-row once more, a GPU's woken model on a stream of its own)
+        together = [("together", extra)] + ([("together_gpu_express_lane", [*extra, "--gpu-express-lane"])]
+                                            if args.gpu_express_lane_row else [])
+        for row, flags in together:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            with serving(ours(models, port, [*extra, "--gpu-express-lane"]), url, START_S):
-                rows["together_gpu_express_lane"].append(asdict(mixed_load(
-                    url, "embed@/models/embed", url, "rerank@/models/rerank", texts, token_counts, seconds, flood,
-                    processes, args.rerank_rate, lambda: device_use_by_model(url))))
+            with serving(ours(models, port, flags), url, START_S) as process:
+                rows[row].append(asdict(mixed_load(url, "embed@/models/embed", url, "rerank@/models/rerank", texts,
+                                                   token_counts, seconds, flood, processes, args.rerank_rate,
+                                                   lambda: device_use_by_model(url))))
+                if first and row == "together":
+                    found["together_rss_mib"] = tree_rss_mib(process.pid)
         # peer: two single-model servers of ours sharing the cores (one process per model, as TEI recommends)
         embed_port, rerank_port = free_port(), free_port()
         embed_url, rerank_url = f"http://127.0.0.1:{embed_port}", f"http://127.0.0.1:{rerank_port}"

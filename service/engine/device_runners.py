@@ -140,12 +140,11 @@ class DeviceRunners:
             return None
         return min(ready, key=lambda q: (q.clock, q.prepared[0][0].enqueued_at))
 
-    @staticmethod
-    def _one_stream(queue: Batcher, express: bool) -> bool:
-        """Whether a runner (an express runner: `express`) may take `queue`'s batch now: where batches overlap on
-        the device (a GPU), not while the model has one on the other kind of runner, which queues on another stream
-        (module docstring)."""
-        if not queue.engine.overlaps:
+    def _one_stream(self, queue: Batcher, express: bool) -> bool:
+        """Whether a runner (an express runner: `express`) may take `queue`'s batch now: where there are express
+        runners and batches overlap on the device (a GPU), not while the model has one on the other kind of runner,
+        which queues on another stream (module docstring)."""
+        if not self.express or not queue.engine.overlaps:
             return True
         return queue.running == 0 if express else queue.express_running == 0
 

@@ -87,8 +87,9 @@ def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None 
         except Exception as exc:  # noqa: BLE001 - one line naming the model; no half-ready server
             raise StartupError(f"model {spec.name}: {exc}" if len(specs) > 1 else str(exc)) from None
         if device is None:  # every model runs on the same device and threads: the first start-up planned them
-            device = DeviceRunners(started.runners, settings.compute_niceness,
-                                   express_runners(settings, started, len(specs)), express_stream(started.engine.device))
+            express = express_runners(settings, started.runners, started.engine.overlaps, len(specs))
+            device = DeviceRunners(started.runners, settings.compute_niceness, express,
+                                   express_stream(started.engine.device))
         policy = started.batch_policy(settings.max_wait_ms / 1000, spec.max_queue_items, settings.max_padding_fraction,
                                       settings.compute_niceness)
         batcher = Batcher(started.engine, policy, metrics, device=device, name=spec.name, weight=spec.weight)
@@ -106,15 +107,15 @@ def load_models(settings, metrics: Metrics, directories: dict[str, Path] | None 
     return EngineModels(served, device, lag)
 
 
-def express_runners(settings, started: StartedEngine, models: int) -> int:
-    """How many express runners the device gets (service.engine.device_runners): with several models, one per
-    runner on a CPU (the woken request split over them; --express-lane); on a GPU one, on a stream of its own
-    (--gpu-express-lane)."""
+def express_runners(settings, runners: int, overlaps: bool, models: int) -> int:
+    """How many express runners a device of `runners` gets (service.engine.device_runners): with several models, one
+    per runner on a CPU (the woken request split over them; --express-lane); on a GPU, whose batches overlap, one on
+    a stream of its own (--gpu-express-lane)."""
     if models < 2:
         return 0
-    if started.engine.overlaps:
+    if overlaps:
         return 1 if settings.gpu_express_lane else 0
-    return started.runners if settings.express_lane else 0
+    return runners if settings.express_lane else 0
 
 
 def check_memory(settings, specs: list[ModelSpec], directories: dict[str, Path]) -> None:
@@ -125,7 +126,8 @@ def check_memory(settings, specs: list[ModelSpec], directories: dict[str, Path])
         raise StartupError(str(exc)) from None
     on_gpu = device.type == "cuda"
     budget = settings.max_batch_tokens if on_gpu else min(settings.max_batch_tokens, 64 * AUTO_BATCH_SIZE_CPU)
-    streams = 2 if on_gpu and settings.gpu_express_lane and len(specs) > 1 else 1  # an express runner's stream too
+    # a GPU's express runner queues on a stream of its own (one runner; a GPU's batches overlap)
+    streams = 1 + (express_runners(settings, 1, True, len(specs)) if on_gpu else 0)
     needs = []
     for spec in specs:
         directory = directories[spec.name]

@@ -18,6 +18,7 @@ from service.engine.device_runners import DeviceRunners
 from service.engine.tickets import Ticket
 from service.metrics import Metrics
 from tests.service.engine.stand_ins import StandInEngine
+from tests.service.engine.test_device_runners import answered, stop
 
 QUIET_S = 0.01  # device time of a quiet model's batch
 
@@ -101,21 +102,9 @@ def serving(flood_s: float, express: int):
     return streams, device, batchers, metrics
 
 
-def stop(device, batchers) -> None:
-    for batcher in batchers.values():
-        batcher.stop()
-    device.join(10)
-
-
 def ask(batcher: Batcher, sink: Collected, tag, items: list[list[int]]) -> None:
     batcher.submit([Item(batcher.name, values) for values in items],
                    Ticket(time.monotonic() + 60, len(items), sink, tag=tag))
-
-
-def answered(sink: Collected, tag, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while tag not in sink.done and time.monotonic() < deadline:
-        time.sleep(0.001)
 
 
 def woken_while_flooded(express: int) -> tuple[float, Streams, Collected, str]:
@@ -192,9 +181,8 @@ def test_the_express_runners_each_device_gets():
     from service.engine.models import express_runners
 
     def runners(overlaps: bool, models: int = 3, **settings) -> int:
-        started = SimpleNamespace(runners=2, engine=SimpleNamespace(overlaps=overlaps))
         return express_runners(SimpleNamespace(**{"express_lane": True, "gpu_express_lane": False, **settings}),
-                               started, models)
+                               2, overlaps, models)
 
     assert runners(overlaps=False) == 2 and runners(overlaps=False, express_lane=False) == 0
     assert runners(overlaps=True) == 0 and runners(overlaps=True, gpu_express_lane=True) == 1
