@@ -12,7 +12,8 @@ computes for `--batch-ms` plus `--sentence-us` per input while the host goes on,
 BENCHMARKS.md), and a finished batch's results are one pooled vector per input. Closed-loop clients send requests of
 `--per-request` inputs and send again `--outside-ms` after each answer (the front end, the hop between processes, HTTP
 and the client, which this leaves out). The figure is the sentences/s against the device's own rate at batches of
-`--batch-size`; the engine's metrics say where the rest went. With `--quiet-rate R`, a second model on the same
+`--batch-size`; the engine's metrics say where the rest went, and the process's CPU time a sentence what the host
+spends (steadier than the rate where other work shares the cores). With `--quiet-rate R`, a second model on the same
 device and runner gets one client sending 16 inputs R times a second whatever the answers (a reranker beside a
 flooded embedder, bench.serving.several_models' load): its round trips' p50 and p99 say how long a quiet model's
 request waits behind the flood in the engine, and its queue, batch and wait on the device behind other batches say
@@ -159,6 +160,9 @@ class Round:
     batch_ms: float  # a batch's mean launch to results (bert_inference_seconds)
     mean_batch: float
     interpreter_lag_ms: float  # the probe's mean wait for the interpreter (service/engine/interpreter_lag.py)
+    # The process's CPU time (every thread: the engine's host work, the clients' little) over the sentences answered:
+    # steadier than the rate on a shared machine, and what the rate is bound by where the interpreter is.
+    host_us: float
     quiet_p50_ms: float = float("nan")  # with --quiet-rate: the second model's requests' round trips
     quiet_p99_ms: float = float("nan")
     # ... and where they went, means: queued (to its batch's launch), its batches (launch to results), and of that
@@ -279,9 +283,9 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
             quiet_engine.batches, quiet_engine.waited_s = 0, 0.0
         load.round_trips.clear()
         load.quiet_round_trips.clear()
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         load.send_until(started + seconds)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         after, busy, answered = metrics.render().decode(), gpu.busy_s - busy, load.answered - answered
     finally:
         for model in models:
@@ -297,7 +301,8 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     return Round(rate, rate / (batch_size / device.seconds(batch_size)), busy / elapsed,
                  _p50_p99_ms(load.round_trips)[0], 1000 * mean("bert_queue_time_seconds"),
                  1000 * mean("bert_inference_seconds"), mean("bert_batch_sequences"),
-                 1000 * mean("bert_engine_interpreter_lag_seconds", None), *_p50_p99_ms(load.quiet_round_trips),
+                 1000 * mean("bert_engine_interpreter_lag_seconds", None), 1e6 * cpu_s / max(1, answered),
+                 *_p50_p99_ms(load.quiet_round_trips),
                  1000 * mean("bert_queue_time_seconds", "quiet"), 1000 * mean("bert_inference_seconds", "quiet"),
                  1000 * quiet_engine.waited_s / quiet_engine.batches if quiet_engine and quiet_engine.batches
                  else float("nan"))
@@ -349,12 +354,13 @@ def main(argv: list[str] | None = None) -> int:
           + "\n")
     quiet = " quiet model p50 / p99 ms | its queue / batch / behind on the device ms |" if args.quiet_rate else ""
     print(f"| round | sentences/s | x the device's rate | device busy | round trip p50 ms | queue ms | batch ms | "
-          f"mean batch | interpreter lag ms |{quiet}\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+          f"mean batch | interpreter lag ms | host CPU µs a sentence |{quiet}\n"
+          f"| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
           f"{' ---: | ---: |' if quiet else ''}")
     for number, r in enumerate(rounds, 1):
         print(f"| {number}{' (best)' if r is best else ''} | {r.sentences_per_s:,.0f} | {r.vs_device:.2f} | "
               f"{r.device_busy:.0%} | {r.round_trip_p50_ms:.2f} | {r.queue_ms:.2f} | {r.batch_ms:.2f} | "
-              f"{r.mean_batch:.1f} | {r.interpreter_lag_ms:.2f} |"
+              f"{r.mean_batch:.1f} | {r.interpreter_lag_ms:.2f} | {r.host_us:.2f} |"
               + (f" {r.quiet_p50_ms:.2f} / {r.quiet_p99_ms:.2f} | {r.quiet_queue_ms:.2f} / {r.quiet_batch_ms:.2f} / "
                  f"{r.quiet_behind_ms:.2f} |" if quiet else ""))
     if args.json:

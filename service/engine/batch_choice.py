@@ -25,24 +25,43 @@ def pricing(engine: BatchEngine) -> Flops | None:
 
 def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | None, target_tokens: int | None = None
                  ) -> list[Entry]:
-    """The oldest entry (queue[0]) plus neighbours in length order, while the batch stays within the
-    token budget, the sequence cap and the padding cap (none with `flops` None: see `pricing`), and, with
-    `target_tokens` (of real input: a part of an `even_split`), while a neighbour brings the batch nearer it.
+    """The oldest entry (queue[0]) plus neighbours in length order: `choose_span` over the whole queue sorted by length
+    (a model's queue keeps that order as entries come and go: service.engine.model_queue)."""
+    by_length = sorted(queue, key=_LENGTH)
+    lo, hi = choose_span(by_length, by_length.index(queue[0]), policy, flops, target_tokens)
+    return by_length[lo:hi]
+
+
+def choose_span(by_length: Sequence[Entry], anchor: int, policy: BatchPolicy, flops: Flops | None,
+                target_tokens: int | None = None) -> tuple[int, int]:
+    """The batch around `by_length[anchor]` (the oldest entry; ties in length in arrival order) as the slice
+    [lo:hi] of `by_length`: neighbours in length order join while the batch stays within the token budget, the
+    sequence cap and the padding cap (none with `flops` None: see `pricing`), and, with `target_tokens` (of real
+    input: a part of an `even_split`), while a neighbour brings the batch nearer it. It never reaches further than
+    `policy.max_batch_size` entries either side, so a window of that many on each side chooses as the whole would.
 
     Batches run packed (no padding in the token-wise layers), so padding costs only attention work:
     the cap is on the share of the batch's FLOPs spent on it, which stays near zero for short inputs
     of any mix and grows when long and short inputs share a batch. Each step takes the side (shorter
     or longer neighbour) that wastes less. Entries left out go into the next batch.
     """
-    by_length = sorted(queue, key=_LENGTH)
-    anchor = by_length.index(queue[0])
     lo, hi = anchor, anchor + 1  # chosen = by_length[lo:hi]
     longest = real = by_length[anchor].length
     squares = longest ** 2
     size, budget, cap = len(by_length), policy.max_batch_tokens, policy.max_padding_fraction
+    if flops is None and target_tokens is None and cap >= 0:
+        # Unpriced and untargeted every share is 0, so the longer side wins while it fits, and the lengths ascend:
+        # when the last longer entry the size cap allows fits the budget with all before it, the loop below would
+        # take every one of them, then shorter ones while the longest times their count fits. A GPU's batches of
+        # 256 short inputs cost that loop ~50 µs each (the Xeon); this, a few operations.
+        top = min(size, anchor + policy.max_batch_size)
+        longest = by_length[top - 1].length
+        if 0 < longest and longest * (top - anchor) <= budget:
+            return max(0, top - min(policy.max_batch_size, budget // longest)), top
+        longest = real
     # A neighbour of n tokens brings the batch nearer its target while real + n/2 <= target.
     twice_target = 2 * target_tokens if target_tokens is not None else None
-    # The loop below runs a few dozen times per batch on the preparer's thread, so it is written out: each side's
+    # The loop below runs up to a batch's size per batch on the preparer's thread, so it is written out: each side's
     # candidate is priced inline (one call where the model prices), and the sides compared as (share, side)
     # tuples would be, the longer side winning a tie (tests/service/engine/test_batch_choice.py holds it to that rule).
     # Unpriced (flops None) every share is 0: pricing costs ~10 µs per entry taken, most of a core at a GPU's
@@ -78,7 +97,7 @@ def choose_batch(queue: Sequence[Entry], policy: BatchPolicy, flops: Flops | Non
             lo -= 1
         real += n
         squares += n * n
-    return by_length[lo:hi]
+    return lo, hi
 
 
 # An even split aims below the token budget by this much, so that a batch's padding (its longest input times its

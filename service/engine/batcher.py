@@ -1,12 +1,12 @@
 """Dynamic batching of one model's requests. Knows nothing of HTTP; decides *when* and *what* runs together.
 
-Every input of every request to the model is one entry in its queue. The model's preparer thread picks the next
-batch (`choose_batch`: anchored on the oldest entry, filled with entries of similar length under the token budget,
-so padding stays small) and collates it while the device is busy: one batch is always ready ahead. The device's
-runners (`service.engine.device_runners`, shared by every model on the device, which also decides whose batch goes
-next) compute it with this model's engine and hand the results back here: each item's result goes into its
-request's `Ticket`, and the requests a batch finishes go to their `Sink` together (an event loop in this process,
-or the engine process's socket back to a front end).
+Every input of every request to the model is one entry in its queue (`ModelQueue`, kept by length). The model's
+preparer thread picks the next batch (`choose_span`: anchored on the oldest entry, filled with entries of similar
+length under the token budget, so padding stays small) and collates it while the device is busy: one batch is always
+ready ahead. The device's runners (`service.engine.device_runners`, shared by every model on the device, which also
+decides whose batch goes next) compute it with this model's engine and hand the results back here: each item's
+result goes into its request's `Ticket`, and the requests a batch finishes go to their `Sink` together (an event loop
+in this process, or the engine process's socket back to a front end).
 Entries whose client went away are dropped before compute, entries past their deadline get `unavailable`, and a
 batch that runs out of device memory is split in two and retried.
 
@@ -27,14 +27,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from functools import partial
-from itertools import filterfalse
 
-from service.engine.batch_choice import SplitUnderWay, choose_batch, even_split, pricing
+from service.engine.batch_choice import SplitUnderWay, even_split, pricing
 from service.engine.batch_types import BatchEngine, BatchPolicy, PreparedBatch
 from service.engine.device_runners import DeviceRunners
+from service.engine.model_queue import ModelQueue
 from service.engine.threads import name_os_thread
 from service.engine.tickets import Entry, LaunchedBatch, Sink, Ticket, note_batch
 from service.errors import ServiceError
@@ -56,10 +55,9 @@ class Batcher:
         self.device.attach(self)
         self._lock = self.device.lock
         self._cond = threading.Condition(self._lock)  # this model's preparer waits on it
-        self._queue: deque[Entry] = deque()
-        # What the preparer keeps of the queue, so that a wake-up costs nothing per entry: its tokens, the
-        # earliest deadline in it, and whether a request was cancelled since the last look at every entry.
-        self._queued_tokens = 0
+        self._queue = ModelQueue()
+        # What the preparer keeps of the queue, so that a wake-up costs nothing per entry: the earliest deadline in
+        # it, and whether a request was cancelled since the last look at every entry.
         self._earliest_deadline = float("inf")
         self._cancelled_since_scan = False
         self._split: SplitUnderWay | None = None  # an even split of the queue under way (`_choose`)
@@ -128,14 +126,13 @@ class Batcher:
                                    "later", retry_after_s=wait)
             now = time.monotonic()
             entries = [Entry(item, ticket, index, now) for index, item in enumerate(items)]
-            tokens = sum(e.length for e in entries)
-            if not self.has_work():
+            idle = not self.has_work()
+            tokens = self._queue.add(entries)
+            if idle:
                 self.progress_at = now  # an idle model's clock starts with its work
                 # the request that wakes it goes ahead, up to a batch per runner (device_runners)
                 self.express_tokens = min(tokens, self.device.runners * self.policy.max_batch_tokens)
                 self.device.wake_clock(self, self.express_tokens / self.weight)
-            self._queue.extend(entries)
-            self._queued_tokens += tokens
             sooner = ticket.deadline < self._earliest_deadline
             self._earliest_deadline = min(self._earliest_deadline, ticket.deadline)
             self.metrics.queue_depth.set(len(self._queue))
@@ -183,9 +180,9 @@ class Batcher:
                 return None
             if self.prepared is None and self._queue:
                 idle = self.device.runners_busy() < self.device.runners
-                short = self._queued_tokens < policy.max_batch_tokens // 2 and \
+                short = self._queue.tokens < policy.max_batch_tokens // 2 and \
                     len(self._queue) < policy.max_batch_size
-                waited = time.monotonic() - self._queue[0].enqueued_at
+                waited = time.monotonic() - self._queue.oldest().enqueued_at
                 # Wait for company only when the device would otherwise sit idle with a small batch.
                 if not (idle and short and waited < policy.max_wait_s and not self._stopping):
                     return self._choose()[0]
@@ -197,19 +194,12 @@ class Batcher:
         """Under the lock: the next batch, taken from the queue, and its tokens; work that finds a runner idle is
         split evenly over the runners (`even_split`, `SplitUnderWay`)."""
         if self._split is None:
-            batches = even_split(self._queued_tokens, len(self._queue), self.policy, *self.device.split_over(self))
-            self._split = SplitUnderWay(batches, self._queued_tokens) if batches is not None else None
+            batches = even_split(self._queue.tokens, len(self._queue), self.policy, *self.device.split_over(self))
+            self._split = SplitUnderWay(batches, self._queue.tokens) if batches is not None else None
         target = self._split.target() if self._split is not None else None
-        chosen, tokens = self._take(choose_batch(self._queue, self.policy, pricing(self.engine), target))
+        chosen, tokens = self._queue.take(self.policy, pricing(self.engine), target)
         if self._split is not None and not (self._split.took(tokens) and self._queue):
             self._split = None
-        return chosen, tokens
-
-    def _take(self, chosen: list[Entry]) -> tuple[list[Entry], int]:
-        taken = set(chosen)  # entries hash by identity: the queue is filtered in C, not a Python loop per entry
-        self._queue = deque(filterfalse(taken.__contains__, self._queue))
-        tokens = sum(e.length for e in chosen)
-        self._queued_tokens -= tokens
         # _earliest_deadline stays a lower bound: at worst one needless look through the queue sets it exactly. An
         # empty queue has none, so that the next entry counts as sooner and wakes the preparer: with a batch prepared,
         # the preparer sleeps without a timeout over an empty queue, and (were its runner stuck) would never drop
@@ -218,12 +208,6 @@ class Batcher:
             self._earliest_deadline = float("inf")
         self.metrics.queue_depth.set(len(self._queue))
         return chosen, tokens
-
-    def _set_queue(self, queue: deque[Entry]) -> None:
-        self._queue = queue
-        self._queued_tokens = sum(e.length for e in queue)
-        self._earliest_deadline = min((e.ticket.deadline for e in queue), default=float("inf"))
-        self.metrics.queue_depth.set(len(queue))
 
     def _next_deadline_in(self) -> float | None:
         if not self._queue:
@@ -237,16 +221,16 @@ class Batcher:
         if not self._queue or (now <= self._earliest_deadline and not self._cancelled_since_scan):
             return
         self._cancelled_since_scan = False
-        alive: deque[Entry] = deque()
-        for entry in self._queue:
-            if entry.ticket.cancelled:
+        dead = self._queue.remove_where(lambda e: e.ticket.cancelled or now > e.ticket.deadline)
+        # why each goes, read before any is answered (answering a request's first entry cancels the rest of it)
+        for entry, disconnected in [(e, e.ticket.cancelled) for e in dead]:
+            if disconnected:
                 self._drop(entry, "disconnected", ServiceError("unavailable", "client disconnected"))
-            elif now > entry.ticket.deadline:
+            else:
                 self._drop(entry, "deadline", ServiceError(
                     "unavailable", "the request waited in the queue past its deadline", retry_after_s=1))
-            else:
-                alive.append(entry)
-        self._set_queue(alive)
+        self._earliest_deadline = min((e.ticket.deadline for e in self._queue), default=float("inf"))
+        self.metrics.queue_depth.set(len(self._queue))
 
     # ---- what the device's runners ask (under the device's lock) ------------------------------------
 

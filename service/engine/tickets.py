@@ -83,7 +83,7 @@ class Entry:
     A plain class with slots, not a dataclass: the engine makes one per input on the thread that reads the front ends'
     requests, and this makes it in three fifths of the time."""
 
-    __slots__ = ("item", "ticket", "index", "enqueued_at", "length")
+    __slots__ = ("item", "ticket", "index", "enqueued_at", "length", "arrival")
 
     def __init__(self, item: Any, ticket: Ticket, index: int, enqueued_at: float | None = None):
         self.item = item  # anything with len() = its tokens
@@ -91,6 +91,7 @@ class Entry:
         self.index = index  # the input's place in its request
         self.enqueued_at = time.monotonic() if enqueued_at is None else enqueued_at
         self.length = len(item)  # tokens; read many times while the entry waits
+        # `arrival`: its place in its model's queue, set as it joins it (service.engine.model_queue)
 
     def __repr__(self) -> str:
         return f"Entry({self.length} tokens, input {self.index} of {self.ticket.tag!r})"

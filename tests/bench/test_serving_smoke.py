@@ -147,7 +147,7 @@ def test_engine_pipeline_over_a_stand_in_device(tiny_checkpoint):
     assert found.sentences_per_s > 0 and 0 < found.device_busy <= 1.05
     assert 0 < found.vs_device <= 1.05  # the device's own rate at full batches bounds it
     assert found.mean_batch >= 1 and found.queue_ms >= 0 and found.batch_ms >= device.batch_ms * 0.9
-    assert found.interpreter_lag_ms >= 0
+    assert found.interpreter_lag_ms >= 0 and found.host_us > 0
     assert found.quiet_p99_ms != found.quiet_p99_ms  # no second model asked for: NaN
 
 
@@ -161,3 +161,19 @@ def test_engine_pipeline_times_a_second_models_paced_requests_beside_the_flood(t
     assert found.sentences_per_s > 0
     # each quiet request waits at least for its own batch on the device, and is answered well within the round
     assert device.seconds(16) * 1000 <= found.quiet_p50_ms <= found.quiet_p99_ms < 1000
+
+
+def test_batch_selection_costs_both_queues_and_collation_here_and_in_a_base_checkout(tiny_checkpoint, tmp_path):
+    """The preparer's parts alone: queueing and choosing both ways at each depth asked for, collating here and in the
+    checkout given as the base (this one, so its figures are of the same code)."""
+    from bench.serving.batch_selection import main
+
+    out = tmp_path / "rows.json"
+    assert main(["--checkpoint", str(tiny_checkpoint), "--rounds", "1", "--depths", "30", "--base", str(REPO_ROOT),
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    for size, how in ((256, "unpriced (a GPU in bfloat16)"), (64, "priced (a CPU)")):
+        for kept in ("kept by length", "sorted for each batch"):
+            assert rows[f"batches of {size} {how}, 30 queued: queue + choose, {kept}"] > 0
+        assert rows[f"batches of {size}: collate"] > 0 and rows[f"batches of {size}: collate, the base checkout"] > 0
+    assert len(rows) == 8

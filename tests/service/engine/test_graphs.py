@@ -189,7 +189,7 @@ class LateReader(Engine):
     @torch.inference_mode()
     def launch(self, batch):
         embedded, hidden, packing = self.graphs.replay(batch.staged, batch.layout, batch.real_tokens, batch.size,
-                                                       self._runs_heads(batch.items))
+                                                       batch.runs_heads)
         return batch, embedded, hidden, packing
 
     @torch.inference_mode()

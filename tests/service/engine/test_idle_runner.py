@@ -3,6 +3,7 @@ that shortcut keeps every rule the preparer keeps: deadlines, cancellation, olde
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -113,6 +114,23 @@ def test_an_input_past_its_deadline_is_not_computed_on_the_idle_path():
         on_time = ask(batcher, sink, [[8]])
         answered(sink, 2)
         assert on_time.results == [8]
+    finally:
+        batcher.stop()
+
+
+def test_every_input_of_a_request_past_its_deadline_is_counted_as_dropped_for_its_deadline():
+    """Answering a request's first late input fails the request (and so cancels it): its other inputs were still
+    late, not disconnected, when they were found."""
+    engine, sink, metrics = HostEngine(), Collected(), Metrics()
+    batcher = Batcher(engine, BatchPolicy(max_batch_tokens=10_000, max_batch_size=64), metrics)
+    batcher.start()
+    try:
+        late = ask(batcher, sink, [[1], [2], [3]], deadline_s=-1.0)
+        answered(sink, 1)
+        assert late.error is not None and "deadline" in late.error.message and engine.batches == []
+        dropped = re.findall(r'^bert_items_dropped_total\{model="",reason="(\w+)"\} (\S+)$', metrics.render().decode(),
+                             re.M)
+        assert [(reason, float(count)) for reason, count in dropped if float(count)] == [("deadline", 3.0)]
     finally:
         batcher.stop()
 
