@@ -115,6 +115,7 @@ def collate_us(checkpoint, requests: list[list], size: int, rounds: int, batches
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.serving.rows import parts_table
     from devkit.paths import checkpoint_argument
     from service.settings import DEFAULT_CHECKPOINT
 
@@ -159,11 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[f"batches of {size}: collate, the base checkout"] = value
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, one thread, CPU time "
           f"(time.process_time), best of {args.rounds}; {args.checkpoint.name}, inputs off the wire, 8 a request\n")
-    print("| part | CPU µs an input |\n| --- | ---: |")
-    for name, value in rows.items():
-        print(f"| {name} | {value:.3f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    parts_table(rows, "CPU µs an input", 3, args.json)
     return 0
 
 

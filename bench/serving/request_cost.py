@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.serving.rows import parts_table
 from bench.serving.server_cpu import nearly_free_checkpoint
 from bench.serving.throughput import sentences
 from model import load_checkpoint
@@ -237,11 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cores, one thread, CPU time "
           f"(time.process_time); the nearly free model (bench.serving.server_cpu), {args.hidden} wide\n")
-    print("| part | CPU µs |\n| --- | ---: |")
-    for name, value in rows.items():
-        print(f"| {name} | {value:,.1f} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    parts_table(rows, "CPU µs", 1, args.json)
     return 0
 
 

@@ -1,8 +1,11 @@
-"""The serving benchmark's rows (one system at one load, or the in-process limit) and their Markdown table."""
+"""The serving benchmark's rows (one system at one load, or the in-process limit) and their Markdown table; and the
+table of a host-cost benchmark's parts (`parts_table`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -57,3 +60,12 @@ def table(rows: list[Row]) -> str:
                      f"{fmt(r.p50_ms or None, '.1f')} | {fmt(r.p95_ms or None, '.1f')} | {fmt(r.p99_ms or None, '.1f')} | "
                      f"{fmt(r.mean_batch, '.1f')} | {fmt(r.padding, '.1%')} | {fmt(r.vs_limit, '.2f')} |")
     return "\n".join(lines)
+
+
+def parts_table(parts: dict[str, float], unit: str, digits: int, json_path: Path | None) -> None:
+    """Print a benchmark's parts, one `unit` figure each, as a Markdown table; and write them to `json_path` if given."""
+    print(f"| part | {unit} |\n| --- | ---: |")
+    for name, value in parts.items():
+        print(f"| {name} | {value:,.{digits}f} |")
+    if json_path is not None:
+        json_path.write_text(json.dumps(parts, indent=1))
