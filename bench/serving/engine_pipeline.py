@@ -13,7 +13,7 @@ BENCHMARKS.md), and a finished batch's results are one pooled vector per input. 
 `--per-request` inputs and send again `--outside-ms` after each answer (the front end, the hop between processes, HTTP
 and the client, which this leaves out). The figure is the sentences/s against the device's own rate at batches of
 `--batch-size`; the engine's metrics say where the rest went, and the process's CPU time a sentence what the host
-spends (steadier than the rate where other work shares the cores). With `--quiet-rate R`, a second model on the same
+spent on each. With `--quiet-rate R`, a second model on the same
 device and runner gets one client sending 16 inputs R times a second whatever the answers (a reranker beside a
 flooded embedder, bench.serving.several_models' load): its round trips' p50 and p99 say how long a quiet model's
 request waits behind the flood in the engine, and its queue, batch and wait on the device behind other batches say
@@ -161,7 +161,7 @@ class Round:
     mean_batch: float
     interpreter_lag_ms: float  # the probe's mean wait for the interpreter (service/engine/interpreter_lag.py)
     # The process's CPU time (every thread: the engine's host work, the clients' little) over the sentences answered:
-    # steadier than the rate on a shared machine, and what the rate is bound by where the interpreter is.
+    # what the rate is bound by where the interpreter is.
     host_us: float
     quiet_p50_ms: float = float("nan")  # with --quiet-rate: the second model's requests' round trips
     quiet_p99_ms: float = float("nan")
