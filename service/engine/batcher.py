@@ -182,12 +182,14 @@ class Batcher:
                 idle = self.device.runners_busy() < self.device.runners
                 short = self._queue.tokens < policy.max_batch_tokens // 2 and \
                     len(self._queue) < policy.max_batch_size
-                waited = time.monotonic() - self._queue.oldest().enqueued_at
-                # Wait for company only when the device would otherwise sit idle with a small batch.
-                if not (idle and short and waited < policy.max_wait_s and not self._stopping):
-                    return self._choose()[0]
-                self._cond.wait(policy.max_wait_s - waited)
-                continue
+                # Wait for company only when the device would otherwise sit idle with a small batch (the oldest entry
+                # is looked up only then: under load the batch is taken at once, and `take` finds it anyway).
+                if idle and short and policy.max_wait_s > 0 and not self._stopping:
+                    waited = time.monotonic() - self._queue.oldest().enqueued_at
+                    if waited < policy.max_wait_s:
+                        self._cond.wait(policy.max_wait_s - waited)
+                        continue
+                return self._choose()[0]
             self._cond.wait(self._next_deadline_in())
 
     def _choose(self) -> tuple[list[Entry], int]:

@@ -114,12 +114,16 @@ class ModelQueue:
             if begin < end:
                 bucket = self._by_length[length]
                 del bucket[first + begin - start : first + end - start]
-                if not bucket:
-                    del self._by_length[length]
-                    emptied = True
+                emptied = emptied or not bucket
             start += part
         if emptied:
-            self._lengths = [n for n in self._lengths if n in self._by_length]
+            self._forget_emptied()
+
+    def _forget_emptied(self) -> None:
+        """Drop the lengths whose lists are empty."""
+        for length in [n for n in self._lengths if not self._by_length[n]]:
+            del self._by_length[length]
+        self._lengths = [n for n in self._lengths if n in self._by_length]
 
     def remove_where(self, unwanted: Callable[[Entry], bool]) -> list[Entry]:
         """Take out every entry `unwanted` holds for; returns them in their order of arrival."""
@@ -132,8 +136,7 @@ class ModelQueue:
             if len(kept) != len(bucket):
                 self._by_length[length] = kept
         if removed:
-            self._by_length = {n: bucket for n, bucket in self._by_length.items() if bucket}
-            self._lengths = [n for n in self._lengths if n in self._by_length]
+            self._forget_emptied()
             self._count -= len(removed)
             self.tokens -= sum(map(_LENGTH, removed))
             removed.sort(key=_ARRIVAL)
