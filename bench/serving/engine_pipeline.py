@@ -6,7 +6,8 @@ one interpreter (service/engine/interpreter_lag.py): reading each request off th
 encoded before the clock starts, decoded as the engine's reader decodes it), the batcher taking its inputs, the
 preparer choosing and collating batches, the runner launching them and building their results, the tickets, the
 replies encoded for the front ends. Here the real `Batcher`, runner and collation (the checkpoint's own engine) run
-over a stand-in device: a launch costs `--launch-us` of host Python (a graph replay's calls), then the device
+over a stand-in device: a launch costs `--launch-us` of host Python (a graph replay's calls) and makes
+`--launch-calls` calls that give the interpreter up while they run, as a CUDA call does, then the device
 computes for `--batch-ms` plus `--sentence-us` per input while the host goes on, and waiting for it holds no interpreter
 (the defaults are the bundled model on an H200: 0.81 ms for 128 sentences, 1.31 ms for 256, in-process,
 BENCHMARKS.md), and a finished batch's results are one pooled vector per input. Closed-loop clients send requests of
@@ -24,6 +25,7 @@ longer); without, on the runner and the flood's stream, as a GPU serves several 
 
     python -m bench.serving.engine_pipeline [--checkpoint DIR] [--clients 64] [--outside-ms 3] [--rounds 3]
                                             [--quiet-rate 20] [--express-lane] [--switch-interval-ms 5]
+                                            [--launch-calls 12]
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from service.messages import Done, Submit, decode, encode
 from service.metrics import Metrics
 from service.settings import DEFAULT_CHECKPOINT, Settings
 
+CALL_FLOATS = 32768  # a launch call's tensor: adding to it takes ~4 µs of one core, a CUDA kernel launch's host time
 COMPUTE_NICENESS = Settings.model_fields["compute_niceness"].default  # the engine's runners', as served
 from service.tasks import EncodeItem, PooledVector
 
@@ -66,6 +69,11 @@ class DeviceModel:
     launch_us: float = 150.0
     batch_ms: float = 0.31
     sentence_us: float = 3.9
+    # Calls into torch that give the interpreter up while they run, as each CUDA call of a launch does (a thread
+    # waiting for the interpreter may take it, and the launch then waits for that thread to let go): a graphed
+    # embedding batch makes about 14 (the inputs' copy, the replay, an event; the pooling, its normalization and the
+    # copy down take ~10), a reranker's batch ~10. Each costs ~4 µs of host time here (CALL_FLOATS).
+    launch_calls: int = 12
 
     def seconds(self, inputs: int) -> float:
         return self.batch_ms / 1e3 + self.sentence_us / 1e6 * inputs
@@ -115,6 +123,7 @@ class StandInGpu:
         self.engine = engine
         self.device = device
         self.vectors = np.random.default_rng(0).standard_normal((4096, width)).astype(np.float32)  # the batch's output
+        self.call_buffer = torch.zeros(CALL_FLOATS)
         self.batches = 0
         self.waited_s = 0.0  # on the device, behind other batches on the same stream
 
@@ -128,6 +137,8 @@ class StandInGpu:
         end = time.perf_counter() + self.device.model.launch_us / 1e6
         while time.perf_counter() < end:  # Python held, as a replay's calls hold it
             pass
+        for _ in range(self.device.model.launch_calls):
+            self.call_buffer.add_(1)  # the interpreter given up for the call, as torch gives it up for a CUDA call
         ends, waited = self.device.queue(end, batch.size)
         self.batches += 1
         self.waited_s += waited
@@ -322,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outside-ms", type=float, default=3.0,
                         help="from an answer to the same client's next request (default 3)")
     parser.add_argument("--launch-us", type=float, default=DeviceModel.launch_us)
+    parser.add_argument("--launch-calls", type=int, default=DeviceModel.launch_calls,
+                        help="calls a launch makes that give the interpreter up (DeviceModel)")
     parser.add_argument("--batch-ms", type=float, default=DeviceModel.batch_ms)
     parser.add_argument("--sentence-us", type=float, default=DeviceModel.sentence_us)
     parser.add_argument("--batch-size", type=int, default=256, help="the batcher's largest batch (a GPU's default)")
@@ -340,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    device = DeviceModel(args.launch_us, args.batch_ms, args.sentence_us)
+    device = DeviceModel(args.launch_us, args.batch_ms, args.sentence_us, args.launch_calls)
     rounds = []
     for number in range(args.rounds):
         rounds.append(measure(args.checkpoint, device, args.clients, args.per_request, args.outside_ms, args.seconds,

@@ -151,6 +151,22 @@ def test_engine_pipeline_over_a_stand_in_device(tiny_checkpoint):
     assert found.quiet_p99_ms != found.quiet_p99_ms  # no second model asked for: NaN
 
 
+def test_the_stand_in_launch_makes_its_calls_and_queues_its_batch_on_the_device():
+    """Each launch makes `launch_calls` calls into torch (the interpreter given up in each, as in a CUDA call) and its
+    batch ends on the device after the one launched before it."""
+    from types import SimpleNamespace
+
+    from bench.serving.engine_pipeline import DeviceModel, StandInDevice, StandInGpu
+
+    device = StandInDevice(DeviceModel(launch_us=0, batch_ms=50, sentence_us=0, launch_calls=3))
+    gpu = StandInGpu(None, device, width=4)
+    first_ends, _ = gpu.launch(SimpleNamespace(size=2))
+    second_ends, inputs = gpu.launch(SimpleNamespace(size=5))
+    assert gpu.call_buffer[0].item() == 6 and inputs == 5
+    assert second_ends - first_ends == pytest.approx(0.05, abs=1e-6) and gpu.waited_s > 0.04
+    assert len(gpu.finish((second_ends, inputs))) == 5
+
+
 @pytest.mark.parametrize("express_lane", [False, True], ids=["on-the-runner", "express-lane"])
 def test_engine_pipeline_times_a_second_models_paced_requests_beside_the_flood(tiny_checkpoint, express_lane):
     from bench.serving.engine_pipeline import DeviceModel, measure
