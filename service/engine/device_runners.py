@@ -4,7 +4,10 @@ next. Knows nothing of HTTP; knows of models only that each has a batcher with b
 One runner per concurrent batch (one on a GPU; two on a CPU, each on half the cores) takes the next prepared batch
 from the model queues it serves (`service.engine.batcher.Batcher`, one per model), computes it with that model's
 engine, and hands its results back through that queue. Where the device runs asynchronously (a GPU), a runner
-launches the next batch before it reads the last one's results, whichever models the two belong to.
+launches the next batch before it reads the last one's results, whichever models the two belong to; but a batch of
+the request that woke a model, launched behind another model's batch, is read at once (after that batch, as they ran)
+and the next launch waits: the woken request does not wait on the host for a launch of the busy model's as well,
+whose every CUDA call may hand the interpreter to another thread (bench.serving.engine_pipeline --quiet-rate).
 
 Whose batch runs next is fair by tokens (start-time fair queueing): each model has a virtual clock that a batch
 taken advances by its tokens over the model's weight, and the prepared batch of the model with the earliest clock
@@ -186,7 +189,7 @@ class DeviceRunners:
                 return
             launched = None
             if taken is not None:
-                queue, chosen, batch = taken
+                queue, chosen, batch, woken = taken
                 if batch is None:  # picked by this runner (idle): collated here
                     batch = queue.collate_own(chosen)
                 if batch is not None:
@@ -198,12 +201,22 @@ class DeviceRunners:
                     launched = queue.launch(chosen, batch)
                     if launched is None:
                         self.release(queue)  # dropped, or failed (and answered) at launch
+                    elif woken and on_device is not None and on_device.queue is not queue:
+                        # A woken model's batch behind another model's: both read now, in the order they run, not
+                        # the woken one after the next launch (module docstring).
+                        self._finish(on_device)
+                        self._finish(launched)
+                        on_device = None
+                        continue
             if on_device is not None:
-                try:
-                    on_device.queue.finish(on_device)
-                finally:
-                    self.release(on_device.queue)
+                self._finish(on_device)
             on_device = launched
+
+    def _finish(self, on_device: LaunchedBatch) -> None:
+        try:
+            on_device.queue.finish(on_device)
+        finally:
+            self.release(on_device.queue)
 
     def _express_loop(self) -> None:
         """An express runner: computes a woken model's batch when every runner is busy (module docstring), on its
@@ -234,11 +247,12 @@ class DeviceRunners:
         if hand_back is not None:
             hand_back()
 
-    def _take(self, one_on_device: bool) -> tuple[Batcher, list, object] | None:
-        """(the model's queue, its entries, their prepared batch) to run next. With none on the device it waits until
-        some model has one or every preparer has finished (None); or, with every preparer idle, picks a model's next
-        entries itself (their batch None: the runner collates them). With a batch in flight, None at once unless a
-        preparer is about to prepare one; then up to AHEAD_WAIT_S."""
+    def _take(self, one_on_device: bool) -> tuple[Batcher, list, object, bool] | None:
+        """(the model's queue, its entries, their prepared batch, whether they belong to the request that woke the
+        model) to run next. With none on the device it waits until some model has one or every preparer has finished
+        (None); or, with every preparer idle, picks a model's next entries itself (their batch None: the runner
+        collates them). With a batch in flight, None at once unless a preparer is about to prepare one; then up to
+        AHEAD_WAIT_S."""
         with self.lock:
             if not one_on_device:
                 self.idle_runners += 1
@@ -251,10 +265,11 @@ class DeviceRunners:
                             return None
                         picking = self._may_pick()
                         if picking is not None:
+                            woken = picking.express_tokens > 0
                             chosen = picking.pick_for_runner()
                             if chosen:
                                 self._wake_other_preparers(picking)
-                                return picking, chosen, None
+                                return picking, chosen, None, woken
                             continue
                         self.batch_ready.wait()
                 finally:
@@ -267,7 +282,8 @@ class DeviceRunners:
                 if queue is None:
                     return None
             self._wake_other_preparers(queue)
-            taken = (queue, *queue.take_prepared())
+            woken = queue.express_tokens > 0
+            taken = (queue, *queue.take_prepared(), woken)
             if self.express:  # every runner may be busy now: another model's prepared batch may go express
                 self.express_ready.notify()
             return taken

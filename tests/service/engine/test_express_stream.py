@@ -39,6 +39,7 @@ class Streams:
         self.devices: dict[str, ThreadPoolExecutor] = {}
         self.lock = threading.Lock()
         self.log: list[tuple[str, str, float, float]] = []  # (model, stream, started, ended) of each batch
+        self.launches: list[tuple[str, float]] = []  # (model, when) of each launch
 
     @contextlib.contextmanager
     def express(self):  # DeviceRunners' express_stream
@@ -64,6 +65,9 @@ class StreamedEngine(StandInEngine):
         self.streams, self.device_s = streams, device_s
 
     def launch(self, batch):
+        with self.streams.lock:
+            self.streams.launches.append((batch.items[0].model, time.monotonic()))
+
         def compute(stream: str) -> list[int]:
             started = time.monotonic()
             time.sleep(self.device_s)
@@ -145,6 +149,19 @@ def test_without_the_express_runner_the_woken_model_queues_behind_the_flood_on_o
     assert waited > 0.25, f"waited {waited:.3f} s"
     assert sink.done["quiet"][1] == [5, 15]
     assert {stream for _, stream, _, _ in streams.log} == {"default"}
+
+
+def test_on_one_stream_a_woken_models_batch_is_read_before_the_next_launch():
+    """Without the express runner, the woken model's batch runs after the flood's batch in flight; the runner then
+    reads both, in that order, before it launches the flood's next: the woken request does not also wait for that
+    launch (on a GPU, host time in which every CUDA call may hand the interpreter to another thread)."""
+    waited, streams, sink, _metrics = woken_while_flooded(express=0)
+    assert sink.done["quiet"][1] == [5, 15]
+    quiet_launched = next(when for model, when in streams.launches if model == "quiet")
+    next_flood_launch = min(when for model, when in streams.launches if model == "flooded" and when > quiet_launched)
+    assert sink.done["quiet"][0] < next_flood_launch, streams.launches
+    first_flood_answer = min(sink.done[("flood", n)][0] for n in range(6))
+    assert first_flood_answer <= sink.done["quiet"][0]  # the batch before it was read first, as it ran first
 
 
 def test_a_models_batches_never_run_on_two_streams_at_once():
