@@ -201,7 +201,7 @@ class DeviceRunners:
                     launched = queue.launch(chosen, batch)
                     if launched is None:
                         self.release(queue)  # dropped, or failed (and answered) at launch
-                    elif woken and on_device is not None and on_device.queue is not queue:
+                    elif woken and on_device.queue is not queue:
                         # A woken model's batch behind another model's: both read now, in the order they run, not
                         # the woken one after the next launch (module docstring).
                         self._finish(on_device)
@@ -248,11 +248,11 @@ class DeviceRunners:
             hand_back()
 
     def _take(self, one_on_device: bool) -> tuple[Batcher, list, object, bool] | None:
-        """(the model's queue, its entries, their prepared batch, whether they belong to the request that woke the
-        model) to run next. With none on the device it waits until some model has one or every preparer has finished
-        (None); or, with every preparer idle, picks a model's next entries itself (their batch None: the runner
-        collates them). With a batch in flight, None at once unless a preparer is about to prepare one; then up to
-        AHEAD_WAIT_S."""
+        """(the model's queue, its entries, their prepared batch, whether they are taken with a batch in flight and
+        belong to the request that woke the model) to run next. With none on the device it waits until some model has
+        one or every preparer has finished (None); or, with every preparer idle, picks a model's next entries itself
+        (their batch None: the runner collates them). With a batch in flight, None at once unless a preparer is about
+        to prepare one; then up to AHEAD_WAIT_S."""
         with self.lock:
             if not one_on_device:
                 self.idle_runners += 1
@@ -265,11 +265,10 @@ class DeviceRunners:
                             return None
                         picking = self._may_pick()
                         if picking is not None:
-                            woken = picking.express_tokens > 0
                             chosen = picking.pick_for_runner()
                             if chosen:
                                 self._wake_other_preparers(picking)
-                                return picking, chosen, None, woken
+                                return picking, chosen, None, False  # nothing in flight
                             continue
                         self.batch_ready.wait()
                 finally:
@@ -282,7 +281,7 @@ class DeviceRunners:
                 if queue is None:
                     return None
             self._wake_other_preparers(queue)
-            woken = queue.express_tokens > 0
+            woken = one_on_device and queue.express_tokens > 0  # read before taking the batch uses them up
             taken = (queue, *queue.take_prepared(), woken)
             if self.express:  # every runner may be busy now: another model's prepared batch may go express
                 self.express_ready.notify()
