@@ -6,10 +6,10 @@ one interpreter (service/engine/interpreter_lag.py): reading each request off th
 encoded before the clock starts, decoded as the engine's reader decodes it), the batcher taking its inputs, the
 preparer choosing and collating batches, the runner launching them and building their results, the tickets, the
 replies encoded for the front ends. Here the real `Batcher`, runner and collation (the checkpoint's own engine) run
-over a stand-in device: a launch costs `--launch-us` of host Python (a graph replay's calls) and makes
-`--launch-calls` calls that give the interpreter up while they run, as a CUDA call does, then the device
-computes for `--batch-ms` plus `--sentence-us` per input while the host goes on, and waiting for it holds no interpreter
-(the defaults are the bundled model on an H200: 0.81 ms for 128 sentences, 1.31 ms for 256, in-process,
+over a stand-in device: a launch costs `--launch-us` of host Python (a graph replay's calls) and makes `--launch-calls`
+calls (the quiet model's `--quiet-launch-calls`) that give the interpreter up while they run, as a CUDA call does, then
+the device computes for `--batch-ms` plus `--sentence-us` per input while the host goes on, and waiting for it holds no
+interpreter (the defaults are the bundled model on an H200: 0.81 ms for 128 sentences, 1.31 ms for 256, in-process,
 BENCHMARKS.md), and a finished batch's results are one pooled vector per input. Closed-loop clients send requests of
 `--per-request` inputs and send again `--outside-ms` after each answer (the front end, the hop between processes, HTTP
 and the client, which this leaves out). The figure is the sentences/s against the device's own rate at batches of
@@ -25,7 +25,7 @@ longer); without, on the runner and the flood's stream, as a GPU serves several 
 
     python -m bench.serving.engine_pipeline [--checkpoint DIR] [--clients 64] [--outside-ms 3] [--rounds 3]
                                             [--quiet-rate 20] [--express-lane] [--switch-interval-ms 5]
-                                            [--launch-calls 12]
+                                            [--launch-calls 4] [--quiet-launch-calls 10]
 """
 
 from __future__ import annotations
@@ -71,9 +71,11 @@ class DeviceModel:
     sentence_us: float = 3.9
     # Calls into torch that give the interpreter up while they run, as each CUDA call of a launch does (a thread
     # waiting for the interpreter may take it, and the launch then waits for that thread to let go): a graphed
-    # embedding batch makes about 14 (the inputs' copy, the replay, an event; the pooling, its normalization and the
-    # copy down take ~10), a reranker's batch ~10. Each costs ~4 µs of host time here (CALL_FLOATS).
-    launch_calls: int = 12
+    # embedding batch makes 4 (the inputs' copy, the replay, the pooled vectors' copy down, an event: the graph pools
+    # them itself), a reranker's batch (the quiet model's) about 10 (its [CLS] rows gathered, the classifier, its
+    # logits' copy down). Each costs ~4 µs of host time here (CALL_FLOATS).
+    launch_calls: int = 4
+    quiet_launch_calls: int = 10
 
     def seconds(self, inputs: int) -> float:
         return self.batch_ms / 1e3 + self.sentence_us / 1e6 * inputs
@@ -119,9 +121,10 @@ class StandInGpu:
     overlaps = True
     pads_attention = False  # as on a GPU in bfloat16: batches are not priced
 
-    def __init__(self, engine, device: StandInDevice, width: int):
+    def __init__(self, engine, device: StandInDevice, width: int, launch_calls: int):
         self.engine = engine
         self.device = device
+        self.launch_calls = launch_calls
         self.vectors = np.random.default_rng(0).standard_normal((4096, width)).astype(np.float32)  # the batch's output
         self.call_buffer = torch.zeros(CALL_FLOATS)
         self.batches = 0
@@ -137,7 +140,7 @@ class StandInGpu:
         end = time.perf_counter() + self.device.model.launch_us / 1e6
         while time.perf_counter() < end:  # Python held, as a replay's calls hold it
             pass
-        for _ in range(self.device.model.launch_calls):
+        for _ in range(self.launch_calls):
             self.call_buffer.add_(1)  # the interpreter given up for the call, as torch gives it up for a CUDA call
         ends, waited = self.device.queue(end, batch.size)
         self.batches += 1
@@ -264,11 +267,12 @@ def measure(checkpoint: Path, device: DeviceModel, clients: int, per_request: in
     cpu = torch.device("cpu")
     gpu = StandInDevice(device)
 
-    def stand_in() -> StandInGpu:  # a model's engine on the shared stand-in device
-        return StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), gpu, loaded.model.config.hidden_size)
+    def stand_in(launch_calls: int) -> StandInGpu:  # a model's engine on the shared stand-in device
+        return StandInGpu(build_engine(loaded, cpu, choose("float32", cpu)), gpu, loaded.model.config.hidden_size,
+                          launch_calls)
 
-    engine = stand_in()
-    quiet_engine = stand_in() if quiet_rate else None
+    engine = stand_in(device.launch_calls)
+    quiet_engine = stand_in(device.quiet_launch_calls) if quiet_rate else None
     texts = sentences(2000, None, None)
     items = [EncodeItem(list(e.ids), list(e.type_ids), "mean", True) for e in loaded.tokenizer.encode_batch(texts)]
     freeze_loaded_objects()  # as the engine process does once its models are loaded
@@ -335,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launch-us", type=float, default=DeviceModel.launch_us)
     parser.add_argument("--launch-calls", type=int, default=DeviceModel.launch_calls,
                         help="calls a launch makes that give the interpreter up (DeviceModel)")
+    parser.add_argument("--quiet-launch-calls", type=int, default=DeviceModel.quiet_launch_calls,
+                        help="the same for the quiet model's batches (DeviceModel)")
     parser.add_argument("--batch-ms", type=float, default=DeviceModel.batch_ms)
     parser.add_argument("--sentence-us", type=float, default=DeviceModel.sentence_us)
     parser.add_argument("--batch-size", type=int, default=256, help="the batcher's largest batch (a GPU's default)")
@@ -353,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.setswitchinterval(args.switch_interval_ms / 1000)
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    device = DeviceModel(args.launch_us, args.batch_ms, args.sentence_us, args.launch_calls)
+    device = DeviceModel(args.launch_us, args.batch_ms, args.sentence_us, args.launch_calls, args.quiet_launch_calls)
     rounds = []
     for number in range(args.rounds):
         rounds.append(measure(args.checkpoint, device, args.clients, args.per_request, args.outside_ms, args.seconds,

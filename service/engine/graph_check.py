@@ -3,10 +3,11 @@ server says ready.
 
 Each graph (each token bucket, and with a split each depth) gets a batch that fills it: as many tokens as the
 bucket holds, in as many sequences as its slots take (three tokens or more each), of mixed lengths. The batch
-goes through the engine twice, eagerly and through that graph, and the items the graph feeds are compared as
-a client would get them: the token vectors of /encode, and on the graph that feeds the heads, fill-mask's scores,
-NSP's and the classifier's logits where the checkpoint has those heads. A graph whose replay raises, or whose
-answers drift, is dropped alone; its batches run op by op (`EncoderGraphs.eager` says why).
+goes through the engine twice, eagerly and through that graph, and the items the graph feeds are compared as a client
+would get them: /encode's token vectors and its vectors pooled every way (which the graph computes itself), and on the
+graph that feeds the heads, fill-mask's scores, NSP's and the classifier's logits where the checkpoint has those heads.
+A graph whose replay raises, or whose answers drift, is dropped alone; its batches run op by op (`EncoderGraphs.eager`
+says why).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import dataclasses
 import numpy as np
 
 from service.engine.graphs import EncoderGraphs, Layout, stage
+from service.engine.pooling import POOLED
 from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, Item, NspItem
 
-STATE_COSINE = 0.999  # per token vector, graphed against eager (products of different shapes, bfloat16)
+STATE_COSINE = 0.999  # per token or pooled vector, graphed against eager (products of different shapes, bfloat16)
+NORM_RATIO = 0.01  # how far a pooled vector's length may stray from eager's (relative): normalised or not
+ENCODINGS = (("none", False), *POOLED)  # what /encode's items ask for, in turn
 HEAD_COSINE = 0.99  # fill-mask's centred log-scores, NSP's and the classifier's centred logits, over the batch
 SCORED_TOKENS = 32  # fill-mask items score these many fixed vocabulary ids (the same in both runs)
 
@@ -48,6 +52,7 @@ def check_items(engine, lengths: list[int], whole_stack: bool, seed: int) -> lis
         kinds += ["fill_mask"] * engine.has_mlm_head + ["nsp"] * engine.has_nsp_head
         kinds += ["classify"] * bool(engine.num_labels)
     items: list[Item] = []
+    encodings = iter(ENCODINGS * len(lengths))
     for n, length in enumerate(lengths):
         ids = generator.integers(5, vocab, length).tolist()
         kind = kinds[n % len(kinds)]
@@ -58,7 +63,8 @@ def check_items(engine, lengths: list[int], whole_stack: bool, seed: int) -> lis
             types = [0] * (length // 2) + [1] * (length - length // 2)
             items.append((NspItem if kind == "nsp" else ClassifyItem)(ids, types))
         else:
-            items.append(EncodeItem(ids, [0] * length, pooling="none"))
+            pooling, normalize = next(encodings)
+            items.append(EncodeItem(ids, [0] * length, pooling=pooling, normalize=normalize))
     return items
 
 
@@ -85,14 +91,18 @@ def disagreement(eager: list, graphed: list) -> tuple[str | None, float]:
     """(None, the worst agreement found) if two runs of one batch agree item by item, else (how they differ, it)."""
     if len(eager) != len(graphed):
         return f"{len(graphed)} results for {len(eager)} inputs", float("nan")
-    states, heads = [], {"fill-mask": ([], []), "nsp": ([], []), "classify": ([], [])}
+    cosines: dict[str, list] = {"token vectors": [], "pooled vectors": []}
+    norms, heads = [], {"fill-mask": ([], []), "nsp": ([], []), "classify": ([], [])}
     for a, b in zip(eager, graphed):
         if type(a) is not type(b):
             return f"a {type(b).__name__} where eager gave a {type(a).__name__}", float("nan")
         if hasattr(a, "vectors"):
             if a.vectors.shape != b.vectors.shape:
                 return f"token vectors of shape {b.vectors.shape} for {a.vectors.shape}", float("nan")
-            states.append(_row_cosines(a.vectors, b.vectors))
+            cosines["token vectors"].append(_row_cosines(a.vectors, b.vectors))
+        elif hasattr(a, "vector"):
+            cosines["pooled vectors"].append(_row_cosines(a.vector[None], b.vector[None]))
+            norms.append(float(np.linalg.norm(b.vector.astype(np.float64)) / np.linalg.norm(a.vector)) - 1)
         elif hasattr(a, "masks"):
             for mask_a, mask_b in zip(a.masks, b.masks, strict=True):
                 by_id = dict(zip(mask_b.token_ids.tolist(), mask_b.scores.tolist()))
@@ -106,11 +116,15 @@ def disagreement(eager: list, graphed: list) -> tuple[str | None, float]:
             heads[kind][0].append(_centred(a.logits))
             heads[kind][1].append(_centred(b.logits))
     worst = 1.0
-    if states:
-        cosine = float(np.concatenate(states).min())
-        if not cosine >= STATE_COSINE:  # NaN fails too
-            return f"token vectors drift (cosine {cosine:.6f} < {STATE_COSINE})", cosine
-        worst = min(worst, cosine)
+    for kind, found in cosines.items():
+        if found:
+            cosine = float(np.concatenate(found).min())
+            if not cosine >= STATE_COSINE:  # NaN fails too
+                return f"{kind} drift (cosine {cosine:.6f} < {STATE_COSINE})", cosine
+            worst = min(worst, cosine)
+    stray = float(np.max(np.abs(norms))) if norms else 0.0
+    if not stray <= NORM_RATIO:  # NaN fails too
+        return f"pooled vectors' lengths drift (by {stray:.2%})", worst
     for kind, (a, b) in heads.items():
         if a:
             cosine = _cosine(np.concatenate(a), np.concatenate(b))

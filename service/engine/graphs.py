@@ -17,9 +17,11 @@ replays them in one call. Graphs need fixed shapes and fixed addresses, which th
   one copy, into the buffer the graphs read.
 
 Padding rows compute values that nothing reads: every layer but attention works row by row, and attention
-gives them no sequence (its output rows for them are whatever the memory held). The graphs share one memory
-pool: the engine holds a lock from a batch's copy in until its heads are queued, after which the next replay,
-queued behind them on the same stream, may overwrite the outputs.
+gives them no sequence (its output rows for them are whatever the memory held). Each graph also pools the
+served states every way an embedding route asks for (service/engine/pooling.py: [CLS] or mean, normalised or
+not) into one buffer all graphs share, so that an embedding batch needs no torch call between its replay and its
+copy to the host. The graphs share one memory pool: the engine holds a lock from a batch's copy in until its heads
+are queued, after which the next replay, queued behind them on the same stream, may overwrite the outputs.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from model.packing import Packing
+from service.engine.pooling import POOLED, pool_every_variant
 
 SMALLEST_BUCKET = 64
 BUCKETS_PER_DOUBLING = 8
@@ -91,6 +94,8 @@ class EncoderGraphs:
         self.split = model.config.served_embedding_layer < model.config.num_hidden_layers
         self.capture = capture  # False: the same static path through a StandIn, not a CUDA graph (tests on the CPU)
         self.inputs = torch.zeros(Layout(self.buckets[-1], slots).size, dtype=torch.int32, device=device)
+        # Every graph's pooled vectors (POOLED's variants, float32), one batch's at a time as are the inputs.
+        self.pooled = torch.zeros(len(POOLED), slots, model.config.hidden_size, dtype=torch.float32, device=device)
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph | StandIn, tuple]] = {}
         self.eager: dict[str, str] = {}  # graphs dropped (by name) and why: their batches run op by op
         self.pool = None
@@ -143,7 +148,11 @@ class EncoderGraphs:
     def _static_forward(self, layout: Layout, for_heads: bool):
         ids, types, positions, rows, ends, starts = layout.views(self.inputs)
         packing = Packing(rows, rows, positions, starts, None, self.slots, self.longest, (), ends)
-        return lambda: self.model.encode_packed(ids, types, packing, for_heads)
+
+        def forward():
+            embedded, hidden = self.model.encode_packed(ids, types, packing, for_heads)
+            return embedded, hidden, pool_every_variant(embedded.float(), rows, ends, starts, out=self.pooled)
+        return forward
 
     def _record(self, layout: Layout, for_heads: bool):
         if not self.capture:
@@ -163,18 +172,19 @@ class EncoderGraphs:
         return graph, outputs
 
     def replay(self, staged: torch.Tensor, layout: Layout, tokens: int, sequences: int, for_heads: bool
-               ) -> tuple[torch.Tensor, torch.Tensor | None, Packing]:
+               ) -> tuple[torch.Tensor, torch.Tensor | None, Packing, torch.Tensor]:
         """A batch staged in `layout` through its graph: ((tokens, H) embedding-layer states, (tokens, H) last-layer
-        states or None unless `for_heads`, the batch's Packing on the device for the heads). The outputs are the
-        graph's own memory: read them before the next replay."""
+        states or None unless `for_heads`, the batch's Packing on the device for the heads, (len(POOLED), sequences,
+        H) its pooled embedding-layer states). The outputs are the graphs' own memory: read them before the next
+        replay."""
         self.inputs[: layout.size].copy_(staged, non_blocking=True)
         graph, outputs = self.graphs[layout.tokens, self.whole_stack(for_heads)]
         graph.replay()
-        embedded, hidden = outputs
+        embedded, hidden, pooled = outputs
         _, _, positions, rows, ends, starts = layout.views(self.inputs)
         packing = Packing(rows[:tokens], rows[:tokens], positions[:tokens], starts[:sequences], None, sequences,
                           self.longest, (), ends[: sequences + 1])
-        return embedded[:tokens], hidden[:tokens] if for_heads else None, packing
+        return embedded[:tokens], hidden[:tokens] if for_heads else None, packing, pooled[:, :sequences]
 
     def __len__(self) -> int:
         return len(self.graphs)

@@ -21,6 +21,7 @@ from model.bert import BertForPreTraining
 from model.packing import Packing
 from service.engine import colbert_head
 from service.engine.head_copies import Collector, to_device, to_host
+from service.engine.pooling import POOLED, pool
 from service.tasks import (
     ClassifyItem,
     ClassLogits,
@@ -43,9 +44,10 @@ from service.tasks import (
 )
 
 def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.Tensor, hidden: torch.Tensor | None,
-                 packing: Packing, starts: list[int]) -> list[Collector]:
-    """The device work of every item's head; `embedded` feeds /encode, `hidden` (the last layer) the other heads."""
-    found = [_encode(items, embedded, packing, starts)]
+                 packing: Packing, starts: list[int], pooled: torch.Tensor | None = None) -> list[Collector]:
+    """The device work of every item's head; `embedded` feeds /encode, `hidden` (the last layer) the other heads;
+    `pooled`, where a CUDA graph computed them, `embedded` pooled every way (len(POOLED), B, H)."""
+    found = [_encode(items, embedded, packing, starts, pooled)]
     if hidden is not None:
         found += [_fill_mask(model, items, hidden, starts), _cls_head(items, hidden, starts, NspItem,
                                                                       model.nsp_logits_from_cls, NspLogits),
@@ -57,30 +59,31 @@ def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.T
     return [collect for collect in found if collect is not None]
 
 
-def _encode(items: list[Item], hidden: torch.Tensor, packing: Packing, starts: list[int]) -> Collector | None:
+def _encode(items: list[Item], hidden: torch.Tensor, packing: Packing, starts: list[int],
+            pooled: torch.Tensor | None = None) -> Collector | None:
     rows = [r for r, item in enumerate(items) if isinstance(item, EncodeItem)]
     if not rows:
         return None
-    hidden = hidden.float()
+    variants = {(items[r].pooling, items[r].normalize) for r in rows}
+    # float32 states, unless a graph pooled them already and no item asks for its token vectors
+    states = hidden.float() if pooled is None or any(pooling == "none" for pooling, _ in variants) else None
     host: dict[tuple[str, bool], torch.Tensor] = {}  # only the variants some item asked for reach the host
-    for pooling, normalize in {(items[r].pooling, items[r].normalize) for r in rows}:
+    for pooling, normalize in variants:
         if pooling == "none":
-            values = hidden  # (N, H): every item's token vectors, split per item below
-        elif pooling == "cls":
-            values = hidden[packing.starts]  # (B, H)
-        else:
-            ends = packing.cu_seqlens  # on the device already: no copy (and no wait) for the lengths
-            lengths = (ends[1:] - ends[:-1]).to(hidden.dtype)
-            sums = hidden.new_zeros(packing.batch, hidden.shape[-1]).index_add_(0, packing.rows, hidden)
-            values = sums / lengths[:, None]  # (B, H): mean over the item's tokens
-        host[pooling, normalize] = to_host(F.normalize(values, dim=-1) if normalize else values)
+            values = states  # (N, H): every item's token vectors, split per item below
+        elif pooled is not None:
+            values = pooled[POOLED.index((pooling, normalize))]  # (B, H), pooled in the graph's replay
+        else:  # cu_seqlens is on the device already: no copy (and no wait) for the lengths
+            values = pool(states, pooling, packing.rows, packing.cu_seqlens, packing.starts)  # (B, H)
+            values = F.normalize(values, dim=-1) if normalize else values
+        host[pooling, normalize] = to_host(values)
 
     def collect(results: list) -> None:
         arrays = {key: values.numpy() for key, values in host.items()}
         if len(arrays) == 1 and len(rows) == len(results):
-            (pooling, _), pooled = next(iter(arrays.items()))
+            (pooling, _), vectors = next(iter(arrays.items()))
             if pooling != "none":  # an embedding batch pooled alike: its rows in one pass (0.25 µs an item, not 0.42)
-                results[:] = map(PooledVector, pooled)
+                results[:] = map(PooledVector, vectors)
                 return
         for row in rows:
             item = items[row]

@@ -158,8 +158,8 @@ def test_the_stand_in_launch_makes_its_calls_and_queues_its_batch_on_the_device(
 
     from bench.serving.engine_pipeline import DeviceModel, StandInDevice, StandInGpu
 
-    device = StandInDevice(DeviceModel(launch_us=0, batch_ms=50, sentence_us=0, launch_calls=3))
-    gpu = StandInGpu(None, device, width=4)
+    device = StandInDevice(DeviceModel(launch_us=0, batch_ms=50, sentence_us=0))
+    gpu = StandInGpu(None, device, width=4, launch_calls=3)
     first_ends, _ = gpu.launch(SimpleNamespace(size=2))
     second_ends, inputs = gpu.launch(SimpleNamespace(size=5))
     assert gpu.call_buffer[0].item() == 6 and inputs == 5

@@ -6,6 +6,7 @@ dropped alone; what was kept and dropped in the log, the model's facts (/info) a
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from service.engine.engine import Engine
@@ -104,6 +105,26 @@ def test_a_graph_feeding_the_heads_is_checked_through_each_head(static_path, mon
     assert adopt_if_faithful(engine, graphs) == 2 * len(graphs.buckets) - 1
     assert list(graphs.eager) == ["192x8:heads"] and "drifts" in graphs.eager["192x8:heads"]
     assert "192x8:embedding" in graphs.live
+
+
+@pytest.mark.parametrize("spoil", ["direction", "length"])
+def test_a_graph_whose_pooled_vectors_drift_is_dropped(static_path, monkeypatch, spoil):
+    """The graphs pool the states themselves (every variant, service/engine/pooling.py): a graph whose pooled vectors
+    point elsewhere, or have another length (the normalised ones no longer of length 1), fails the check alone."""
+    engine = engine_for()
+    graphs = graphs_for(engine)
+    stand_in = graphs.graphs[128, True][0]
+    replay = stand_in.replay
+
+    def wrong():
+        replay()
+        pooled = stand_in.outputs[2]
+        pooled.copy_(pooled.flip(-1) if spoil == "direction" else pooled * 1.1)
+    monkeypatch.setattr(stand_in, "replay", wrong)
+    assert adopt_if_faithful(engine, graphs) == len(graphs.buckets) - 1
+    assert list(graphs.eager) == ["128x8"]
+    assert graphs.eager["128x8"].startswith("pooled vectors drift" if spoil == "direction"
+                                            else "pooled vectors' lengths drift")
 
 
 def test_the_check_sees_each_head_drift():
