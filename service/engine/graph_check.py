@@ -13,6 +13,7 @@ says why).
 from __future__ import annotations
 
 import dataclasses
+from itertools import cycle
 
 import numpy as np
 
@@ -52,7 +53,7 @@ def check_items(engine, lengths: list[int], whole_stack: bool, seed: int) -> lis
         kinds += ["fill_mask"] * engine.has_mlm_head + ["nsp"] * engine.has_nsp_head
         kinds += ["classify"] * bool(engine.num_labels)
     items: list[Item] = []
-    encodings = iter(ENCODINGS * len(lengths))
+    encodings = cycle(ENCODINGS)
     for n, length in enumerate(lengths):
         ids = generator.integers(5, vocab, length).tolist()
         kind = kinds[n % len(kinds)]
