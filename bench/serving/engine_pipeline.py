@@ -25,7 +25,7 @@ longer); without, on the runner and the flood's stream, as a GPU serves several 
 
     python -m bench.serving.engine_pipeline [--checkpoint DIR] [--clients 64] [--outside-ms 3] [--rounds 3]
                                             [--quiet-rate 20] [--express-lane] [--switch-interval-ms 5]
-                                            [--launch-calls 4] [--quiet-launch-calls 10]
+                                            [--launch-calls 4] [--quiet-launch-calls 4]
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ class DeviceModel:
     # Calls into torch that give the interpreter up while they run, as each CUDA call of a launch does (a thread
     # waiting for the interpreter may take it, and the launch then waits for that thread to let go): a graphed
     # embedding batch makes 4 (the inputs' copy, the replay, the pooled vectors' copy down, an event: the graph pools
-    # them itself), a reranker's batch (the quiet model's) about 10 (its [CLS] rows gathered, the classifier, its
-    # logits' copy down). Each costs ~4 µs of host time here (CALL_FLOATS).
+    # them itself), and so does a reranker's batch, the quiet model's (the graph computes its classifier's logits
+    # too). Each costs ~4 µs of host time here (CALL_FLOATS).
     launch_calls: int = 4
-    quiet_launch_calls: int = 10
+    quiet_launch_calls: int = 4
 
     def seconds(self, inputs: int) -> float:
         return self.batch_ms / 1e3 + self.sentence_us / 1e6 * inputs

@@ -184,15 +184,15 @@ class Engine:
         with self._graph_memory if batch.staged is not None else nullcontext():
             for_heads = batch.runs_heads
             if batch.staged is not None:
-                embedded, hidden, packing, pooled = self.graphs.replay(batch.staged, batch.layout,
-                                                                       batch.real_tokens, batch.size, for_heads)
+                embedded, hidden, packing, graphed = self.graphs.replay(batch.staged, batch.layout,
+                                                                        batch.real_tokens, batch.size, for_heads)
             else:
-                device, pooled = self.device, None
+                device, graphed = self.device, None
                 packing = batch.packing.to(device, non_blocking=True)
                 embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
                                                             batch.token_type_ids.to(device, non_blocking=True),
                                                             packing, for_heads)  # (N, H) each
-            collectors = launch_heads(self.model, batch.items, embedded, hidden, packing, batch.starts(), pooled)
+            collectors = launch_heads(self.model, batch.items, embedded, hidden, packing, batch.starts(), graphed)
             done = None
             if self.device.type == "cuda":
                 done = torch.cuda.Event()

@@ -5,9 +5,9 @@ Each graph (each token bucket, and with a split each depth) gets a batch that fi
 bucket holds, in as many sequences as its slots take (three tokens or more each), of mixed lengths. The batch
 goes through the engine twice, eagerly and through that graph, and the items the graph feeds are compared as a client
 would get them: /encode's token vectors and its vectors pooled every way (which the graph computes itself), and on the
-graph that feeds the heads, fill-mask's scores, NSP's and the classifier's logits where the checkpoint has those heads.
-A graph whose replay raises, or whose answers drift, is dropped alone; its batches run op by op (`EncoderGraphs.eager`
-says why).
+graph that feeds the heads, fill-mask's scores, NSP's and the classifier's logits where the checkpoint has those heads
+(the graph computes those logits too). A graph whose replay raises, or whose answers drift, is dropped alone; its
+batches run op by op (`EncoderGraphs.eager` says why).
 """
 
 from __future__ import annotations

@@ -19,9 +19,11 @@ replays them in one call. Graphs need fixed shapes and fixed addresses, which th
 Padding rows compute values that nothing reads: every layer but attention works row by row, and attention
 gives them no sequence (its output rows for them are whatever the memory held). Each graph also pools the
 served states every way an embedding route asks for (service/engine/pooling.py: [CLS] or mean, normalised or
-not) into one buffer all graphs share, so that an embedding batch needs no torch call between its replay and its
-copy to the host. The graphs share one memory pool: the engine holds a lock from a batch's copy in until its heads
-are queued, after which the next replay, queued behind them on the same stream, may overwrite the outputs.
+not) into one buffer all graphs share, and the graphs of the whole stack compute the [CLS] heads (next-sentence, a
+sequence classifier: a reranker's scores) for every slot, so that an embedding or a rerank batch needs no torch call
+between its replay and its copy to the host. The graphs share one memory pool: the engine holds a lock from a
+batch's copy in until its heads are queued, after which the next replay, queued behind them on the same stream, may
+overwrite the outputs.
 """
 
 from __future__ import annotations
@@ -79,6 +81,17 @@ def stage(ids: np.ndarray, types: np.ndarray, packing: Packing, layout: Layout, 
     ends_at[batch + 1:] = count
     starts_at[:batch] = packing.starts.numpy()
     return staged
+
+
+@dataclass(frozen=True)
+class GraphHeads:
+    """What a graph computed for a batch's sequences besides the states, so that the heads that read only these need
+    no torch call between the replay and their copy down (service.engine.heads): the embedding-layer states pooled
+    every way, and where the graph ran the whole stack, the [CLS] heads' logits. All float32."""
+
+    pooled: torch.Tensor  # (len(POOLED), B, H)
+    nsp: torch.Tensor | None = None  # (B, 2), where the checkpoint has a next-sentence head
+    classes: torch.Tensor | None = None  # (B, num_labels), where it has a sequence classifier
 
 
 class EncoderGraphs:
@@ -148,10 +161,17 @@ class EncoderGraphs:
     def _static_forward(self, layout: Layout, for_heads: bool):
         ids, types, positions, rows, ends, starts = layout.views(self.inputs)
         packing = Packing(rows, rows, positions, starts, None, self.slots, self.longest, (), ends)
+        model = self.model
 
         def forward():
-            embedded, hidden = self.model.encode_packed(ids, types, packing, for_heads)
-            return embedded, hidden, pool_every_variant(embedded.float(), rows, ends, starts, out=self.pooled)
+            embedded, hidden = model.encode_packed(ids, types, packing, for_heads)
+            pooled = pool_every_variant(embedded.float(), rows, ends, starts, out=self.pooled)
+            if not for_heads:
+                return embedded, hidden, pooled, None, None
+            cls = hidden[starts]  # every slot's [CLS] state (an unused slot's is row 0's, which no item reads)
+            nsp = model.nsp_logits_from_cls(cls).float() if model.has_nsp_head else None
+            classes = model.class_logits_from_cls(cls).float() if model.num_labels else None
+            return embedded, hidden, pooled, nsp, classes
         return forward
 
     def _record(self, layout: Layout, for_heads: bool):
@@ -172,19 +192,21 @@ class EncoderGraphs:
         return graph, outputs
 
     def replay(self, staged: torch.Tensor, layout: Layout, tokens: int, sequences: int, for_heads: bool
-               ) -> tuple[torch.Tensor, torch.Tensor | None, Packing, torch.Tensor]:
+               ) -> tuple[torch.Tensor, torch.Tensor | None, Packing, GraphHeads]:
         """A batch staged in `layout` through its graph: ((tokens, H) embedding-layer states, (tokens, H) last-layer
-        states or None unless `for_heads`, the batch's Packing on the device for the heads, (len(POOLED), sequences,
-        H) its pooled embedding-layer states). The outputs are the graphs' own memory: read them before the next
-        replay."""
+        states or None unless `for_heads`, the batch's Packing on the device for the heads, what the graph computed of
+        the heads for its sequences). The outputs are the graphs' own memory: read them before the next replay."""
         self.inputs[: layout.size].copy_(staged, non_blocking=True)
         graph, outputs = self.graphs[layout.tokens, self.whole_stack(for_heads)]
         graph.replay()
-        embedded, hidden, pooled = outputs
+        embedded, hidden, pooled, nsp, classes = outputs
         _, _, positions, rows, ends, starts = layout.views(self.inputs)
         packing = Packing(rows[:tokens], rows[:tokens], positions[:tokens], starts[:sequences], None, sequences,
                           self.longest, (), ends[: sequences + 1])
-        return embedded[:tokens], hidden[:tokens] if for_heads else None, packing, pooled[:, :sequences]
+        if not for_heads:
+            hidden = nsp = classes = None
+        heads = GraphHeads(pooled[:, :sequences], *(None if t is None else t[:sequences] for t in (nsp, classes)))
+        return embedded[:tokens], None if hidden is None else hidden[:tokens], packing, heads
 
     def __len__(self) -> int:
         return len(self.graphs)

@@ -3,9 +3,11 @@
 `launch_heads` queues the device work (pooling, the MLM head at [MASK] positions only, pooler + NSP or
 classifier on [CLS], SPLADE weights, a ColBERT's token vectors: service.engine.colbert_head) and the copies of
 what the items asked for to the host, and returns *collectors*; once the batch's device work has finished (the
-engine waits on one event), each collector turns its host arrays into the items' results. On a GPU the copies land in page-locked memory and the index
-tensors go up without a stream sync, so the engine can launch the next batch before it collects this one.
-On a CPU everything has happened by the time `launch_heads` returns.
+engine waits on one event), each collector turns its host arrays into the items' results. On a GPU the copies land
+in page-locked memory and the index tensors go up without a stream sync, so the engine can launch the next batch
+before it collects this one. A batch replayed as a CUDA graph comes with the pooled vectors and the [CLS] heads'
+logits computed in the graph (GraphHeads): those heads only copy them down. On a CPU everything has happened by the
+time `launch_heads` returns.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from model.bert import BertForPreTraining
 from model.packing import Packing
 from service.engine import colbert_head
+from service.engine.graphs import GraphHeads
 from service.engine.head_copies import Collector, to_device, to_host
 from service.engine.pooling import POOLED, pool
 from service.tasks import (
@@ -44,14 +47,16 @@ from service.tasks import (
 )
 
 def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.Tensor, hidden: torch.Tensor | None,
-                 packing: Packing, starts: list[int], pooled: torch.Tensor | None = None) -> list[Collector]:
+                 packing: Packing, starts: list[int], graphed: GraphHeads | None = None) -> list[Collector]:
     """The device work of every item's head; `embedded` feeds /encode, `hidden` (the last layer) the other heads;
-    `pooled`, where a CUDA graph computed them, `embedded` pooled every way (len(POOLED), B, H)."""
-    found = [_encode(items, embedded, packing, starts, pooled)]
+    `graphed`, where a CUDA graph ran the batch, what it computed of the heads already."""
+    found = [_encode(items, embedded, packing, starts, graphed and graphed.pooled)]
     if hidden is not None:
-        found += [_fill_mask(model, items, hidden, starts), _cls_head(items, hidden, starts, NspItem,
-                                                                      model.nsp_logits_from_cls, NspLogits),
-                  _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits),
+        found += [_fill_mask(model, items, hidden, starts),
+                  _cls_head(items, hidden, starts, NspItem, model.nsp_logits_from_cls, NspLogits,
+                            graphed and graphed.nsp),
+                  _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits,
+                            graphed and graphed.classes),
                   _sparse(model, items, hidden, starts), _per_token(items, hidden, starts, TokenClassifyItem,
                                                                     model.classifier, TokenLogits),
                   _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits),
@@ -126,16 +131,24 @@ def _fill_mask(model: BertForPreTraining, items: list[Item], hidden: torch.Tenso
 
 
 def _cls_head(items: list[Item], hidden: torch.Tensor, starts: list[int], kind: type,
-              head: Callable[[torch.Tensor], torch.Tensor], result: Callable[[np.ndarray], Result]) -> Collector | None:
-    """A head on the last layer's [CLS] vector of each item of `kind` (NSP, a classifier)."""
+              head: Callable[[torch.Tensor], torch.Tensor], result: Callable[[np.ndarray], Result],
+              graphed: torch.Tensor | None = None) -> Collector | None:
+    """A head on the last layer's [CLS] vector of each item of `kind` (NSP, a classifier). `graphed`: the head's
+    (B, classes) logits for every sequence of the batch, computed in its CUDA graph; they go down in one copy and
+    this kind's rows are picked on the host (one torch call, where running the head after the replay takes seven)."""
     rows = [r for r, item in enumerate(items) if isinstance(item, kind)]
     if not rows:
         return None
-    logits = to_host(head(hidden[to_device([starts[r] for r in rows], hidden.device)]).float())  # (R, classes)
+    if graphed is not None:
+        logits, picked = to_host(graphed), rows
+    else:
+        logits = to_host(head(hidden[to_device([starts[r] for r in rows], hidden.device)]).float())  # (R, classes)
+        picked = range(len(rows))
 
     def collect(results: list) -> None:
-        for row, values in zip(rows, logits.numpy()):
-            results[row] = result(values)
+        values = logits.numpy()
+        for row, at in zip(rows, picked):
+            results[row] = result(values[at])
     return collect
 
 

@@ -24,7 +24,8 @@ def graphs_for(engine: Engine, most_tokens: int = 512, slots: int = 8) -> Encode
 
 
 def corrupt(graphs: EncoderGraphs, key, monkeypatch, output: int = 0, fail: bool = False) -> None:
-    """Make one graph's replay drift (its `output`: 0 the embedding-layer states, 1 the last layer's) or raise."""
+    """Make one graph's replay drift (its `output`: 0 the embedding-layer states, 1 the last layer's, 3 and 4 the
+    next-sentence and classifier logits it computes) or raise."""
     stand_in = graphs.graphs[key][0]
     replay = stand_in.replay
 
@@ -105,6 +106,19 @@ def test_a_graph_feeding_the_heads_is_checked_through_each_head(static_path, mon
     assert adopt_if_faithful(engine, graphs) == 2 * len(graphs.buckets) - 1
     assert list(graphs.eager) == ["192x8:heads"] and "drifts" in graphs.eager["192x8:heads"]
     assert "192x8:embedding" in graphs.live
+
+
+@pytest.mark.parametrize("output, kind", [(3, "nsp"), (4, "classify")])
+def test_a_graph_whose_cls_head_logits_drift_is_dropped(static_path, monkeypatch, output, kind):
+    """The whole stack's graphs compute the [CLS] heads' logits themselves (a reranker's scores): a graph whose
+    next-sentence or classifier logits come out wrong fails the check alone, through that head."""
+    model = random_model(VOCAB, max_position_embeddings=160)
+    model.classifier = torch.nn.Linear(model.config.hidden_size, 3)
+    engine = Engine(model, torch.device("cpu"), torch.float32)
+    graphs = graphs_for(engine)
+    corrupt(graphs, (128, True), monkeypatch, output=output)
+    assert adopt_if_faithful(engine, graphs) == len(graphs.buckets) - 1
+    assert list(graphs.eager) == ["128x8"] and graphs.eager["128x8"].startswith(f"{kind} drifts")
 
 
 @pytest.mark.parametrize("spoil", ["direction", "length"])

@@ -19,8 +19,9 @@ from model.packing import Packing
 from service.engine.engine import Engine
 from service.engine.graphs import EncoderGraphs, Layout, StandIn, stage, token_buckets
 from service.engine.loader import capture_graphs
-from service.tasks import EncodeItem, FillMaskItem, NspItem
-from tests.conftest import random_model
+from model.bert import BertForPreTraining
+from service.tasks import ClassifyItem, EncodeItem, FillMaskItem, NspItem
+from tests.conftest import random_model, tiny_config
 
 VOCAB = 300
 
@@ -183,6 +184,35 @@ def test_embedding_batches_are_pooled_in_the_replay(static_path, monkeypatch):
     assert all(abs(np.linalg.norm(result.vector) - 1) < 1e-5 for result in normalized)
 
 
+def test_cls_head_batches_are_scored_in_the_replay(static_path, monkeypatch):
+    """A rerank (sequence classifier) or next-sentence batch's logits come out of the whole stack's replay, computed
+    for every slot, and equal the eager engine's; its launch makes no torch call but the copy in and one copy down a
+    head (the head run after the replay took six more)."""
+    torch.manual_seed(4)
+    model = BertForPreTraining(tiny_config(VOCAB, max_position_embeddings=160), num_labels=3).eval()
+    with torch.no_grad():  # non-zero biases, so that a wrong row cannot hide behind zeros
+        for name, param in model.named_parameters():
+            if "bias" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    engine = Engine(model, torch.device("cpu"), torch.float32)
+    generator = np.random.default_rng(6)
+    pairs = [[1, *generator.integers(5, VOCAB, n).tolist(), 2] for n in (5, 30, 12, 61, 8)]
+    types = [[0] * (len(ids) // 2) + [1] * (len(ids) - len(ids) // 2) for ids in pairs]
+    reranks = [ClassifyItem(ids, kinds) for ids, kinds in zip(pairs, types)]
+    nsps = [NspItem(ids, kinds) for ids, kinds in zip(pairs, types)]
+    mixed = [reranks[0], nsps[1], EncodeItem(pairs[2], [0] * len(pairs[2]), pooling="cls"), reranks[3], nsps[4]]
+    parts = {"rerank": reranks, "nsp": nsps, "mixed": mixed}
+    eager = {name: engine.run(engine.collate(part)) for name, part in parts.items()}
+    static_path(engine, most_tokens=256, slots=8)
+    for name, part in parts.items():
+        batch = engine.collate(part)
+        assert batch.staged is not None and batch.runs_heads
+        with TorchCalls(monkeypatch) as calls:
+            handle = engine.launch(batch)
+        assert calls.names == ["copy_"] + ["to"] * (3 if name == "mixed" else 1), (name, calls.names)
+        assert_same(eager[name], engine.finish(handle))
+
+
 def test_graphs_split_below_a_lower_embedding_layer(static_path):
     engine = engine_for(num_hidden_layers=3, embedding_layer=2)
     items = items_of((20, 9, 31, 6, 12, 40), seed=7)
@@ -245,17 +275,17 @@ class LateReader(Engine):
 
     @torch.inference_mode()
     def launch(self, batch):
-        embedded, hidden, packing, pooled = self.graphs.replay(batch.staged, batch.layout, batch.real_tokens,
-                                                               batch.size, batch.runs_heads)
-        return batch, embedded, hidden, packing, pooled
+        embedded, hidden, packing, graphed = self.graphs.replay(batch.staged, batch.layout, batch.real_tokens,
+                                                                batch.size, batch.runs_heads)
+        return batch, embedded, hidden, packing, graphed
 
     @torch.inference_mode()
     def finish(self, launched):
         from service.engine.heads import launch_heads
 
-        batch, embedded, hidden, packing, pooled = launched
+        batch, embedded, hidden, packing, graphed = launched
         results = [None] * batch.size
-        for collect in launch_heads(self.model, batch.items, embedded, hidden, packing, batch.starts(), pooled):
+        for collect in launch_heads(self.model, batch.items, embedded, hidden, packing, batch.starts(), graphed):
             collect(results)
         return results
 

@@ -52,10 +52,16 @@ def started(engine: HostEngine, runners: int = 1, max_wait_s: float = 0.0, max_b
     batcher = Batcher(engine, BatchPolicy(max_batch_tokens=10_000, max_batch_size=max_batch_size, max_wait_s=max_wait_s,
                                           runners=runners), Metrics())
     batcher.start()
-    deadline = time.monotonic() + 5
-    while getattr(batcher, "_idle_runners", runners) < runners and time.monotonic() < deadline:
-        time.sleep(0.001)  # the runners reach their wait
+    runners_idle(batcher)
     return batcher
+
+
+def runners_idle(batcher: Batcher) -> None:
+    """Wait until every runner is back at its wait, with nothing on the device (as after a pause between requests)."""
+    deadline = time.monotonic() + 5
+    while batcher.device.idle_runners < batcher.device.runners and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert batcher.device.idle_runners == batcher.device.runners, "the runners never went idle"
 
 
 def gated(**caps) -> tuple[HostEngine, Collected, Batcher]:
@@ -84,6 +90,7 @@ def test_a_request_to_an_idle_batcher_is_collated_by_the_runner_not_the_preparer
     batcher = started(engine, runners=2)
     try:
         for n in range(5):  # one at a time, as one client sends them
+            runners_idle(batcher)  # the last answer may reach the client before its runner is back at its wait
             ticket = ask(batcher, sink, [[n, 1]])
             answered(sink, n + 1)
             assert ticket.results == [n + 1]
