@@ -23,7 +23,7 @@ from model.attention import attention_pads
 from model.flops import BatchPricer, packed_batch_flops
 from model.packing import Packing, attends_each_on_cpu
 from model.row_buckets import rounds_rows, rows_to_compute
-from service.engine.graphs import EncoderGraphs, Layout, stage
+from service.engine.graphs import EncoderGraphs, GraphHeads, Layout, stage
 from service.engine.head_copies import Collector
 from service.engine.heads import launch_heads
 from service.tasks import (
@@ -187,7 +187,7 @@ class Engine:
                 embedded, hidden, packing, graphed = self.graphs.replay(batch.staged, batch.layout,
                                                                         batch.real_tokens, batch.size, for_heads)
             else:
-                device, graphed = self.device, None
+                device, graphed = self.device, GraphHeads()
                 packing = batch.packing.to(device, non_blocking=True)
                 embedded, hidden = self.model.encode_packed(batch.input_ids.to(device, non_blocking=True),
                                                             batch.token_type_ids.to(device, non_blocking=True),

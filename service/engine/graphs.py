@@ -89,7 +89,7 @@ class GraphHeads:
     no torch call between the replay and their copy down (service.engine.heads): the embedding-layer states pooled
     every way, and where the graph ran the whole stack, the [CLS] heads' logits. All float32."""
 
-    pooled: torch.Tensor  # (len(POOLED), B, H)
+    pooled: torch.Tensor | None = None  # (len(POOLED), B, H); None: an eager batch, nothing computed
     nsp: torch.Tensor | None = None  # (B, 2), where the checkpoint has a next-sentence head
     classes: torch.Tensor | None = None  # (B, num_labels), where it has a sequence classifier
 
@@ -161,16 +161,15 @@ class EncoderGraphs:
     def _static_forward(self, layout: Layout, for_heads: bool):
         ids, types, positions, rows, ends, starts = layout.views(self.inputs)
         packing = Packing(rows, rows, positions, starts, None, self.slots, self.longest, (), ends)
-        model = self.model
 
         def forward():
-            embedded, hidden = model.encode_packed(ids, types, packing, for_heads)
+            embedded, hidden = self.model.encode_packed(ids, types, packing, for_heads)
             pooled = pool_every_variant(embedded.float(), rows, ends, starts, out=self.pooled)
             if not for_heads:
                 return embedded, hidden, pooled, None, None
             cls = hidden[starts]  # every slot's [CLS] state (an unused slot's is row 0's, which no item reads)
-            nsp = model.nsp_logits_from_cls(cls).float() if model.has_nsp_head else None
-            classes = model.class_logits_from_cls(cls).float() if model.num_labels else None
+            nsp = self.model.nsp_logits_from_cls(cls).float() if self.model.has_nsp_head else None
+            classes = self.model.class_logits_from_cls(cls).float() if self.model.num_labels else None
             return embedded, hidden, pooled, nsp, classes
         return forward
 
@@ -203,10 +202,10 @@ class EncoderGraphs:
         _, _, positions, rows, ends, starts = layout.views(self.inputs)
         packing = Packing(rows[:tokens], rows[:tokens], positions[:tokens], starts[:sequences], None, sequences,
                           self.longest, (), ends[: sequences + 1])
-        if not for_heads:
-            hidden = nsp = classes = None
-        heads = GraphHeads(pooled[:, :sequences], *(None if t is None else t[:sequences] for t in (nsp, classes)))
-        return embedded[:tokens], None if hidden is None else hidden[:tokens], packing, heads
+        if not for_heads:  # the embedding routes read the pooled vectors alone
+            return embedded[:tokens], None, packing, GraphHeads(pooled[:, :sequences])
+        nsp, classes = (None if logits is None else logits[:sequences] for logits in (nsp, classes))
+        return embedded[:tokens], hidden[:tokens], packing, GraphHeads(pooled[:, :sequences], nsp, classes)
 
     def __len__(self) -> int:
         return len(self.graphs)

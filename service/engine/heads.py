@@ -47,16 +47,15 @@ from service.tasks import (
 )
 
 def launch_heads(model: BertForPreTraining, items: list[Item], embedded: torch.Tensor, hidden: torch.Tensor | None,
-                 packing: Packing, starts: list[int], graphed: GraphHeads | None = None) -> list[Collector]:
+                 packing: Packing, starts: list[int], graphed: GraphHeads = GraphHeads()) -> list[Collector]:
     """The device work of every item's head; `embedded` feeds /encode, `hidden` (the last layer) the other heads;
-    `graphed`, where a CUDA graph ran the batch, what it computed of the heads already."""
-    found = [_encode(items, embedded, packing, starts, graphed and graphed.pooled)]
+    `graphed`, what a CUDA graph computed of the heads already (nothing for an eager batch)."""
+    found = [_encode(items, embedded, packing, starts, graphed.pooled)]
     if hidden is not None:
         found += [_fill_mask(model, items, hidden, starts),
-                  _cls_head(items, hidden, starts, NspItem, model.nsp_logits_from_cls, NspLogits,
-                            graphed and graphed.nsp),
+                  _cls_head(items, hidden, starts, NspItem, model.nsp_logits_from_cls, NspLogits, graphed.nsp),
                   _cls_head(items, hidden, starts, ClassifyItem, model.class_logits_from_cls, ClassLogits,
-                            graphed and graphed.classes),
+                            graphed.classes),
                   _sparse(model, items, hidden, starts), _per_token(items, hidden, starts, TokenClassifyItem,
                                                                     model.classifier, TokenLogits),
                   _per_token(items, hidden, starts, QaItem, model.qa_outputs, _span_logits),
