@@ -27,10 +27,23 @@ import torch.nn.functional as F
 from model.device import cpu_has_amx_bf16
 from model.packing import Packing
 
-try:  # PyTorch >= 2.10
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # older torch: the padded path everywhere on CUDA
-    varlen_attn = None
+_NOT_IMPORTED = object()
+# torch's varlen_attn, imported on first use (varlen_kernel): importing torch.nn.attention.varlen brings in
+# torch._dynamo, some 2 s of every process's start-up on a CPU where it never runs. Tests set this name to stand-ins.
+varlen_attn: Callable | None | object = _NOT_IMPORTED
+
+
+def varlen_kernel() -> Callable | None:
+    """`torch.nn.attention.varlen.varlen_attn` (PyTorch >= 2.10), or None in an older torch: the padded path
+    everywhere on CUDA."""
+    global varlen_attn
+    if varlen_attn is _NOT_IMPORTED:
+        try:
+            from torch.nn.attention.varlen import varlen_attn as imported
+        except ImportError:
+            imported = None
+        varlen_attn = imported
+    return varlen_attn
 
 # FlashAttention computes in half precision only, on head sizes that are multiples of 8 up to 256.
 VARLEN_DTYPES = (torch.bfloat16, torch.float16)
@@ -85,8 +98,8 @@ def torch_attention_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def runs_varlen(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether packed attention on `device` in `dtype` runs as FlashAttention over the packed sequences."""
-    return (varlen_attn is not None and torch.device(device).type == "cuda" and dtype in VARLEN_DTYPES
-            and head_dim % 8 == 0 and head_dim <= VARLEN_MAX_HEAD_DIM)
+    return (torch.device(device).type == "cuda" and dtype in VARLEN_DTYPES
+            and head_dim % 8 == 0 and head_dim <= VARLEN_MAX_HEAD_DIM and varlen_kernel() is not None)
 
 
 def attention_pads(device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> bool:
@@ -106,7 +119,7 @@ def attend_varlen(qkv: torch.Tensor, packing: Packing, num_heads: int, head_dim:
     if packing.key_lengths is not None:  # the keys of each sequence, packed on their own
         k, v, cu_keys, most_keys = k[packing.key_rows], v[packing.key_rows], packing.cu_keys, max(packing.key_lengths)
     # Positional arguments only: 2.10 has `is_causal` after max_k, 2.11+ keyword-only options.
-    out = varlen_attn(q, k, v, packing.cu_seqlens, cu_keys, packing.max_length, most_keys)
+    out = varlen_kernel()(q, k, v, packing.cu_seqlens, cu_keys, packing.max_length, most_keys)
     return out.reshape(tokens, num_heads * head_dim)
 
 

@@ -68,11 +68,11 @@ ESTIMATE_S = {"gpu_tests": 65.0, "serving": 92.0, "serving_base": 80.0, "matmul_
 def environment(device: str) -> dict:
     import torch
 
-    from model.attention import varlen_attn
+    from model.attention import varlen_kernel
 
     facts = {"python": platform.python_version(), "python_venv": sys.prefix != sys.base_prefix, "torch": torch.__version__,
              "cuda": torch.version.cuda, "device": device, "cpus": os.cpu_count(),
-             "varlen_attn": varlen_attn is not None, "py_spy": program("py-spy"),
+             "varlen_attn": varlen_kernel() is not None, "py_spy": program("py-spy"),
              "service_workers": os.environ.get("BERT_WORKERS", "the service's default")}
     for name in ("transformers", "tokenizers", "safetensors", "httpx", "fastapi", "uvicorn", "zmq"):
         spec = importlib.util.find_spec(name)

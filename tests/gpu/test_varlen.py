@@ -63,7 +63,7 @@ def test_varlen_equals_padded_transformers_and_single(models, dtype, monkeypatch
     ours, peer = models
     model = copy.deepcopy(ours).to(DEVICE, dtype).eval()
     calls = []
-    real_varlen = attention.varlen_attn
+    real_varlen = attention.varlen_kernel()
     monkeypatch.setattr(attention, "varlen_attn", lambda *args: calls.append(args[3]) or real_varlen(*args))
     sequences = batch()
     together = packed(model, sequences)

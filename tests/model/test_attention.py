@@ -4,18 +4,22 @@ max_length); and that where it would run, it is really called on the packed layo
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import model
 import model.attention as attention
+from devkit.paths import REPO_ROOT
 from model.packing import Packing
 from tests.conftest import random_model
 
 CUDA, CPU = torch.device("cuda:0"), torch.device("cpu")
 
 
-@pytest.mark.skipif(attention.varlen_attn is None, reason="this torch has no torch.nn.attention.varlen")
+@pytest.mark.skipif(attention.varlen_kernel() is None, reason="this torch has no torch.nn.attention.varlen")
 @pytest.mark.parametrize(("device", "dtype", "head_dim", "expected"), [
     (CUDA, torch.bfloat16, 64, True), (CUDA, torch.float16, 32, True), (CUDA, torch.float32, 64, False),
     (CPU, torch.bfloat16, 64, False), (CPU, torch.float32, 64, False), (CUDA, torch.bfloat16, 12, False),
@@ -86,3 +90,22 @@ def test_training_with_attention_dropout_keeps_the_padded_path(monkeypatch):
     ours = random_model(300, attention_probs_dropout_prob=0.1).train()
     flat = torch.randint(5, 300, (12,))
     ours.encode_packed(flat, torch.zeros_like(flat), Packing.from_lengths([5, 7]))
+
+
+def test_a_cpu_process_loads_and_runs_a_model_without_importing_torch_dynamo(tiny_checkpoint):
+    """torch.nn.attention.varlen imports torch._dynamo: some 2 s of every engine's, corpus job's and trainer's
+    start-up on a CPU, where varlen never runs. It is imported on first use, where a batch could run it."""
+    script = f"""
+import sys, torch
+import corpus.cli, service.engine.server, trainer.loop
+from model import load_checkpoint
+from model.packing import Packing
+network = load_checkpoint({str(tiny_checkpoint)!r}).model
+ids = torch.arange(5, 20)
+with torch.no_grad():
+    network.encode_packed(ids, torch.zeros_like(ids), Packing.from_lengths([6, 9]))
+print(sorted(name for name in sys.modules if name.startswith("torch._dynamo"))[:3])
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"

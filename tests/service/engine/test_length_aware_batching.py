@@ -41,7 +41,7 @@ def test_float32_on_cuda_keeps_the_long_input_apart():
     assert first_batch(torch.float32) == [30] * 60
 
 
-@pytest.mark.skipif(attention.varlen_attn is None, reason="this torch has no torch.nn.attention.varlen")
+@pytest.mark.skipif(attention.varlen_kernel() is None, reason="this torch has no torch.nn.attention.varlen")
 def test_varlen_on_cuda_mixes_lengths_freely():
     assert first_batch(torch.bfloat16) == [30] * 60 + [300]
 
